@@ -1,0 +1,282 @@
+// The boxed fallback: how every aten op without a native neuron kernel runs.
+//
+// Device memory is host memory, so an op runs by giving the CPU kernel host
+// aliases of its neuron arguments (CPU tensors over the same bytes, no copy).
+// Results map back without copies where they can: an output that is an argument
+// (in-place and out= ops) returns that argument; an output that views an
+// argument's memory becomes a neuron view of it. Only fresh results are copied
+// into device memory, so the allocator accounts for every byte.
+#include "runtime.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <c10/core/CPUAllocator.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <sstream>
+
+namespace neuron {
+
+OpCounters& op_counters() {
+  static OpCounters* counters = new OpCounters();
+  return *counters;
+}
+
+at::Tensor host_alias(const at::Tensor& t) {
+  const auto& storage = t.storage();
+  void* data = const_cast<void*>(storage.data());
+  // Resizable with the CPU allocator so that out= kernels may resize their
+  // output; the fallback then moves the new bytes into device memory.
+  c10::Storage host_storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                            c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
+  auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(host_storage),
+                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  auto* impl = alias.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return alias;
+}
+
+at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
+  if (!cpu_tensor.defined() || cpu_tensor.device().type() == kNeuron) return cpu_tensor;
+  const auto src = cpu_tensor.resolve_conj().resolve_neg();
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  at::Tensor out;
+  if (src.is_non_overlapping_and_dense()) {
+    out = at::detail::empty_strided_generic(src.sizes(), src.strides(), allocator(), keys, src.scalar_type());
+    if (src.numel() > 0) std::memcpy(out.data_ptr(), src.const_data_ptr(), src.nbytes());
+  } else {
+    out = at::detail::empty_generic(src.sizes(), allocator(), keys, src.scalar_type(), std::nullopt);
+    host_alias(out).copy_(src);
+  }
+  op_counters().output_copies += 1;
+  return out;
+}
+
+namespace {
+
+struct Aliased {
+  at::Tensor original;  // the neuron tensor the caller passed
+  at::Tensor host;      // its host alias handed to the CPU kernel
+  bool is_write;        // the schema says the op may mutate it
+};
+
+// Collects what the fallback needs to know about one call.
+class Call {
+ public:
+  Call(const c10::OperatorHandle& op) : op_(op) {}
+
+  at::Tensor unwrap(const at::Tensor& t, bool is_write, const c10::Argument& arg) {
+    if (!t.defined()) return t;
+    if (t.device().type() == kNeuron) {
+      note_device(t.device(), arg);
+      auto host = host_alias(t);
+      aliased_.push_back({t, host, is_write});
+      return host;
+    }
+    // CPU scalars (0-dim) mix with device tensors as in CUDA; anything else must move.
+    if (t.dim() > 0 || is_write) note_device(t.device(), arg);
+    return t;
+  }
+
+  void note_device(c10::Device d, const c10::Argument& arg) {
+    if (!device_.has_value()) {
+      device_ = d;
+      device_arg_ = arg.name();
+    } else if (*device_ != d && mismatch_.empty()) {
+      mismatch_ = arg.name();
+      mismatch_device_ = d;
+    }
+  }
+
+  void check_devices() const {
+    if (mismatch_.empty()) return;
+    const auto name = op_.schema().name();
+    // CUDA accepts host index tensors for indexing ops; so do we.
+    if (name == "aten::index" || name == "aten::index_put_" || name == "aten::_index_put_impl_" ||
+        name == "aten::index_put") {
+      if (device_->type() == kNeuron && mismatch_device_.type() == c10::kCPU) return;
+    }
+    TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ",
+                *device_, " and ", mismatch_device_, "! (when checking argument for argument ", mismatch_,
+                " in method ", op_.schema().operator_name(), "). Move them with .to(", *device_, ").");
+  }
+
+  c10::DeviceIndex device() const {
+    if (device_.has_value() && device_->type() == kNeuron) return device_->index();
+    return explicit_device_.value_or(current_device());
+  }
+
+  void note_explicit_device(const c10::Device& d) {
+    if (d.type() == kNeuron) explicit_device_ = d.has_index() ? d.index() : current_device();
+  }
+
+  // Maps a result of the CPU kernel back to the neuron device.
+  at::Tensor wrap(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() == kNeuron) return t;
+    for (const auto& a : aliased_) {
+      if (a.host.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return a.original;
+    }
+    TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided, op_.schema().operator_name(),
+                                " produced a ", t.layout(),
+                                " tensor, but the neuron device holds only strided (dense) tensors. "
+                                "Run it on the CPU instead: move the inputs with .cpu().");
+    const void* data = t.storage().data();
+    if (data != nullptr) {
+      for (const auto& a : aliased_) {
+        if (a.host.storage().data() == data) return view_of(a.original, t);
+      }
+    }
+    return to_device(t, device());
+  }
+
+  // After the kernel: an out= or in-place argument whose host alias was
+  // resized or restrided gets the same change on the device.
+  void write_back() {
+    for (auto& a : aliased_) {
+      if (!a.is_write) continue;
+      auto* dst = a.original.unsafeGetTensorImpl();
+      const auto& host = a.host;
+      if (host.storage().data() != a.original.storage().data() ||
+          host.storage().nbytes() != a.original.storage().nbytes()) {
+        if (host.storage().nbytes() > a.original.storage().nbytes()) {
+          resize_storage_bytes(a.original.storage(), host.storage().nbytes());
+        }
+        if (host.storage().nbytes() > 0) {
+          std::memcpy(a.original.storage().mutable_data(), host.storage().data(), host.storage().nbytes());
+        }
+      }
+      if (host.sizes() != a.original.sizes() || host.strides() != a.original.strides() ||
+          host.storage_offset() != a.original.storage_offset()) {
+        dst->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+      }
+    }
+  }
+
+ private:
+  static at::Tensor view_of(const at::Tensor& base, const at::Tensor& host_view) {
+    auto v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                      base.key_set(), host_view.dtype());
+    v.unsafeGetTensorImpl()->set_sizes_and_strides(host_view.sizes(), host_view.strides(),
+                                                   host_view.storage_offset());
+    return v;
+  }
+
+  const c10::OperatorHandle& op_;
+  c10::SmallVector<Aliased, 8> aliased_;
+  std::optional<c10::Device> device_;
+  std::string device_arg_;
+  std::string mismatch_;
+  c10::Device mismatch_device_{c10::kCPU};
+  std::optional<c10::DeviceIndex> explicit_device_;
+};
+
+bool is_optional_generator(const c10::Argument& arg) {
+  const auto& type = arg.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (type->kind() != c10::TypeKind::OptionalType) return false;
+  return type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
+
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::CPU), schema.operator_name(),
+                              " has no kernel for the neuron device, nor a CPU kernel to run it with. "
+                              "Run it on the CPU: move its inputs there with .cpu().");
+  const auto& args = schema.arguments();
+  const size_t num_args = args.size();
+  const size_t begin = stack->size() - num_args;
+  Call call(op);
+
+  for (size_t i = 0; i < num_args; ++i) {
+    auto& value = (*stack)[begin + i];
+    const auto& arg = args[i];
+    if (value.isTensor()) {
+      value = call.unwrap(value.toTensor(), is_write(arg), arg);
+    } else if (value.isTensorList()) {
+      auto list = value.toTensorList();
+      c10::List<at::Tensor> host_list;
+      host_list.reserve(list.size());
+      for (const at::Tensor& t : list) host_list.push_back(call.unwrap(t, is_write(arg), arg));
+      value = std::move(host_list);
+    } else if (value.isList()) {
+      // Tensor?[] (indices): keep Nones, alias the tensors.
+      auto list = value.toList();
+      c10::impl::GenericList host_list(list.elementType());
+      host_list.reserve(list.size());
+      for (const c10::IValue& v : list) {
+        host_list.push_back(v.isTensor() ? c10::IValue(call.unwrap(v.toTensor(), is_write(arg), arg)) : v);
+      }
+      value = std::move(host_list);
+    } else if (value.isDevice()) {
+      call.note_explicit_device(value.toDevice());
+    }
+  }
+  call.check_devices();
+
+  const auto device = call.device();
+  // Random ops draw from the neuron generator (its CPU twin), never from the CPU's.
+  for (size_t i = 0; i < num_args; ++i) {
+    auto& value = (*stack)[begin + i];
+    if (value.isGenerator()) {
+      const auto& gen = value.toGenerator();
+      if (gen.device().type() == kNeuron) value = host_generator(gen);
+    } else if (value.isNone() && is_optional_generator(args[i])) {
+      value = host_generator(default_generator(device));
+    }
+  }
+
+  {
+    c10::DeviceGuard guard(c10::Device(kNeuron, device));
+    LaunchScope launch(device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+  op_counters().fallback_ops += 1;
+  call.write_back();
+
+  const size_t num_returns = schema.returns().size();
+  const size_t ret_begin = stack->size() - num_returns;
+  for (size_t i = 0; i < num_returns; ++i) {
+    auto& value = (*stack)[ret_begin + i];
+    if (value.isTensor()) {
+      value = call.wrap(value.toTensor());
+    } else if (value.isTensorList()) {
+      auto list = value.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(call.wrap(t));
+      value = std::move(out);
+    }
+  }
+}
+
+// Sparse, sparse-compressed and quantized neuron tensors do not exist: say so.
+void unsupported_layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(),
+                              ": sparse and quantized tensors are not supported on the neuron device; "
+                              "only strided (dense) tensors are. Run this op on the CPU: move the "
+                              "tensors there with .cpu().");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>()); }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+
+}  // namespace neuron

@@ -1,0 +1,250 @@
+// The aten kernels the neuron device must implement natively: tensor creation in
+// device memory, copies between devices, metadata-only views, resizing and
+// storage swaps, and the two convolution entry points PyTorch reserves for
+// out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
+#include "runtime.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+namespace neuron {
+namespace {
+
+const c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
+
+c10::DeviceIndex target_device(std::optional<c10::Device> device) {
+  if (!device.has_value() || !device->has_index()) return current_device();
+  TORCH_CHECK(device->type() == kNeuron, "neuron: expected a neuron device, got ", *device);
+  check_device_index(device->index());
+  return device->index();
+}
+
+void check_creation_options(std::optional<c10::Layout> layout, std::optional<bool> pin_memory) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!layout.has_value() || *layout == c10::kStrided,
+                              "neuron: only strided (dense) tensors can live on the neuron device, "
+                              "got layout ", *layout, "; create the tensor on the CPU instead");
+  TORCH_CHECK(!pin_memory.value_or(false),
+              "neuron: only CPU tensors can be pinned; drop pin_memory=True for neuron tensors");
+}
+
+at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  check_creation_options(layout, pin_memory);
+  c10::DeviceGuard guard(c10::Device(kNeuron, target_device(device)));
+  return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), allocator(), kNeuronKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device, std::optional<bool> pin_memory) {
+  check_creation_options(layout, pin_memory);
+  c10::DeviceGuard guard(c10::Device(kNeuron, target_device(device)));
+  return at::detail::empty_strided_generic(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
+                                           allocator(), kNeuronKeys, c10::dtype_or_default(dtype));
+}
+
+at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
+                                 std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                                 std::optional<bool> pin_memory) {
+  // Autograd's memory-less zero tensors become real zeros: every neuron tensor
+  // must have readable memory.
+  auto out = empty_memory_format(size, dtype, layout, device, pin_memory, std::nullopt);
+  return out.zero_();
+}
+
+at::Tensor host_view(const at::Tensor& t) { return t.device().type() == kNeuron ? host_alias(t) : t; }
+
+// dst.copy_(src) where either side is a neuron tensor: one launch on dst's core
+// (or src's, when dst is on the host).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  const bool src_on_device = self.device().type() == kNeuron;
+  const bool dst_on_device = dst.device().type() == kNeuron;
+  const auto device = dst_on_device ? dst.device().index() : self.device().index();
+  {
+    LaunchScope launch(device);
+    host_view(dst).copy_(host_view(self));
+  }
+  auto& counters = op_counters();
+  const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
+  if (src_on_device && dst_on_device) {
+    counters.device_to_device_bytes += bytes;
+  } else if (dst_on_device) {
+    counters.host_to_device_bytes += bytes;
+  } else {
+    counters.device_to_host_bytes += bytes;
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+// ---- views: metadata only, never a copy -----------------------------------------
+
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
+  return at::native::view(self, C10_AS_INTARRAYREF_SLOW(size));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset) {
+  std::optional<int64_t> offset;
+  if (storage_offset.has_value()) offset = storage_offset->expect_int();
+  return at::native::as_strided_tensorimpl(self, C10_AS_INTARRAYREF_SLOW(size),
+                                           C10_AS_INTARRAYREF_SLOW(stride), offset);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return at::native::_reshape_alias(self, C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+// ---- resizing and storage swaps ---------------------------------------------------
+
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format) {
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != sizes) impl->set_sizes_contiguous(sizes);
+  if (memory_format.has_value()) {
+    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
+                "neuron: unsupported memory format for resize_: ", *memory_format);
+    impl->empty_tensor_restride(*memory_format);
+  }
+  const size_t needed = at::detail::computeStorageNbytes(sizes, self.strides(), self.dtype().itemsize(),
+                                                         self.storage_offset());
+  if (self.numel() > 0 && needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt storage_offset,
+                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  TORCH_CHECK(source.device_type() == kNeuron, "neuron: set_() needs a neuron storage, got one on ",
+              source.device());
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto offset = storage_offset.expect_int();
+  auto* impl = self.unsafeGetTensorImpl();
+  if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(sizes);
+    impl->set_storage_offset(offset);
+  } else {
+    impl->set_sizes_and_strides(sizes, C10_AS_INTARRAYREF_SLOW(stride), offset);
+  }
+  const size_t needed =
+      at::detail::computeStorageNbytes(sizes, self.strides(), self.dtype().itemsize(), offset);
+  if (self.numel() > 0 && needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const auto itemsize = static_cast<int64_t>(self.dtype().itemsize());
+  const int64_t numel = static_cast<int64_t>(source.nbytes()) / itemsize;
+  std::vector<c10::SymInt> size{c10::SymInt(numel)};
+  return set_storage(self, std::move(source), 0, size, {});
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::DeviceGuard guard(self.device());
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator()->allocate(0), allocator(), true);
+  std::vector<c10::SymInt> size{c10::SymInt(0)};
+  return set_storage(self, std::move(empty), 0, size, {});
+}
+
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  allocator()->recordStream(self.storage().data_ptr(), stream);
+}
+
+// ---- convolution: PyTorch routes out-of-tree backends to these two ops ------------
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+                       c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
+                       c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+  const auto device = input.device().index();
+  at::Tensor out;
+  {
+    LaunchScope launch(device);
+    std::optional<at::Tensor> host_bias;
+    if (bias.has_value() && bias->defined()) host_bias = host_view(*bias);
+    out = at::convolution_symint(host_view(input), host_view(weight), host_bias, stride, padding,
+                                 dilation, transposed, output_padding, std::move(groups));
+  }
+  return to_device(out, device);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::SymIntArrayRef stride, c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation,
+    bool transposed, c10::SymIntArrayRef output_padding, c10::SymInt groups,
+    std::array<bool, 3> output_mask) {
+  const auto device = input.device().index();
+  // Bias gradient shape: the number of output channels.
+  const c10::SymInt out_channels = transposed ? weight.sym_size(1) * groups : weight.sym_size(0);
+  std::vector<c10::SymInt> bias_sizes{out_channels};
+  at::Tensor gi, gw, gb;
+  {
+    LaunchScope launch(device);
+    std::tie(gi, gw, gb) = at::convolution_backward_symint(
+        host_view(grad_output), host_view(input), host_view(weight), bias_sizes, stride, padding,
+        dilation, transposed, output_padding, std::move(groups), output_mask);
+  }
+  return {to_device(gi, device), to_device(gw, device), to_device(gb, device)};
+}
+
+}  // namespace
+
+void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
+  TORCH_CHECK(storage.resizable(), "neuron: trying to resize a storage that is not resizable");
+  const auto device = storage.device().index();
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  c10::DataPtr fresh = allocator()->allocate(new_size);
+  const size_t keep = std::min(new_size, storage.nbytes());
+  if (keep > 0) std::memcpy(fresh.get(), storage.data(), keep);
+  auto* impl = storage.unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(new_size);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("view", TORCH_FN(view));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("convolution_overrideable", TORCH_FN(convolution));
+  m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+}
+
+// Conjugate/negative views are resolved by the CPU copy kernel (the host alias
+// keeps the bits); without a fallthrough the conjugate fallback re-enters
+// _copy_from until the stack overflows.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
+
+}  // namespace neuron

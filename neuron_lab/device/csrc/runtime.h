@@ -1,0 +1,99 @@
+// The emulated NeuronCore runtime: shared declarations for the `neuron` device.
+//
+// One concern per file:
+//   device.cpp     configuration, current device, streams, events, device guard
+//   allocator.cpp  caching allocator with per-core capacity, statistics and OOM
+//   generator.cpp  per-core random number generators
+//   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
+//   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
+//   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   bindings.cpp   the Python module `neuron_lab.device._C`
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace neuron {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+// ---- configuration (device.cpp) -------------------------------------------
+// Set once, from Python, before the first tensor is made. Afterwards fixed.
+void configure(int num_cores, int64_t capacity_bytes);
+c10::DeviceIndex device_count() noexcept;
+int64_t core_capacity() noexcept;
+
+// ---- current device (device.cpp); thread-local as in CUDA ------------------
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex index);
+void check_device_index(c10::DeviceIndex index);
+// Resolves -1 to the current device and validates the index.
+c10::DeviceIndex resolve_device(c10::DeviceIndex index);
+
+// ---- streams (device.cpp) --------------------------------------------------
+// Stream 0 of each core is its default stream. Every launch (one op in eager
+// mode) is enqueued on the current stream and counted; execution is in order.
+struct StreamStats {
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> completed{0};
+};
+c10::Stream current_stream(c10::DeviceIndex index);
+c10::Stream default_stream(c10::DeviceIndex index);
+c10::Stream new_stream(c10::DeviceIndex index, int priority);
+c10::Stream exchange_stream(c10::Stream stream);
+StreamStats& stream_stats(c10::Stream stream);
+int64_t num_streams(c10::DeviceIndex index);
+void synchronize_stream(c10::Stream stream);
+void synchronize_device(c10::DeviceIndex index);
+
+// A launch on the current stream of `device`: counted enqueue + completion.
+class LaunchScope {
+ public:
+  explicit LaunchScope(c10::DeviceIndex device);
+  ~LaunchScope();
+
+ private:
+  StreamStats* stats_;
+};
+
+// ---- allocator (allocator.cpp) ---------------------------------------------
+c10::DeviceAllocator* allocator();
+// Bytes a request of `nbytes` occupies (rounded up to the block granularity).
+size_t rounded_size(size_t nbytes);
+
+// ---- random numbers (generator.cpp) ----------------------------------------
+const at::Generator& default_generator(c10::DeviceIndex index);
+at::Generator new_generator(c10::DeviceIndex index);
+// The CPU generator that carries a neuron generator's state; CPU kernels take it.
+at::Generator host_generator(const at::Generator& neuron_generator);
+
+// ---- tensors (fallback.cpp) ------------------------------------------------
+// A CPU tensor viewing the same host memory as a neuron tensor (no copy).
+at::Tensor host_alias(const at::Tensor& neuron_tensor);
+// A new neuron tensor on `device` holding a copy of a CPU tensor.
+at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device);
+
+// Counters the observability layer reads (fallback.cpp).
+struct OpCounters {
+  std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
+  std::atomic<uint64_t> output_copies{0};    // fresh CPU results copied into device memory
+  std::atomic<uint64_t> host_to_device_bytes{0};
+  std::atomic<uint64_t> device_to_host_bytes{0};
+  std::atomic<uint64_t> device_to_device_bytes{0};
+};
+OpCounters& op_counters();
+
+}  // namespace neuron
+
+namespace neuron {
+// Grows or shrinks a storage in device memory, keeping its leading bytes (kernels.cpp).
+void resize_storage_bytes(const c10::Storage& storage, size_t new_size);
+}  // namespace neuron

@@ -1,0 +1,136 @@
+"""Memory statistics of the emulated NeuronCores (the ``torch.cuda`` memory API).
+
+The native caching allocator keeps CUDA's statistics field for field, so these
+functions read ``torch.accelerator.memory`` and add what CUDA users expect on top
+(``memory_summary``, ``mem_get_info``, the ``*_cached`` aliases).
+
+Accounting rules: a request is rounded up to 512 bytes; ``memory_allocated`` is the
+sum of rounded live requests; ``memory_reserved`` adds the freed blocks the allocator
+keeps cached for reuse; ``empty_cache()`` returns cached blocks; a request that does
+not fit in the core's capacity (``NEURON_LAB_CORE_MEMORY``) first releases the cache,
+then raises ``torch.OutOfMemoryError``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from neuron_lab.device import _C
+from neuron_lab.device.core import device_index
+
+__all__ = [
+    "memory_allocated",
+    "max_memory_allocated",
+    "memory_reserved",
+    "max_memory_reserved",
+    "memory_cached",
+    "max_memory_cached",
+    "reset_peak_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_accumulated_memory_stats",
+    "memory_stats",
+    "memory_summary",
+    "mem_get_info",
+    "empty_cache",
+    "rounded_size",
+]
+
+_acc = torch.accelerator.memory
+
+
+def memory_stats(device: Any = None) -> OrderedDict[str, Any]:
+    """All allocator statistics of a core, keyed as in ``torch.cuda.memory_stats``."""
+    return _acc.memory_stats(device_index(device))
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes held by live tensors on a core (requests rounded up to 512 bytes)."""
+    return _acc.memory_allocated(device_index(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of ``memory_allocated`` since start or the last ``reset_peak_memory_stats``."""
+    return _acc.max_memory_allocated(device_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes the allocator holds on a core: live tensors plus its cache."""
+    return _acc.memory_reserved(device_index(device))
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of ``memory_reserved``."""
+    return _acc.max_memory_reserved(device_index(device))
+
+
+memory_cached = memory_reserved
+max_memory_cached = max_memory_reserved
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Sets every peak statistic of a core to its current value."""
+    _acc.reset_peak_memory_stats(device_index(device))
+
+
+reset_max_memory_allocated = reset_peak_memory_stats
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Zeroes the cumulative counters (allocations, frees, retries, OOMs) of a core."""
+    _acc.reset_accumulated_memory_stats(device_index(device))
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of a core; free excludes what the allocator has reserved."""
+    return _acc.get_memory_info(device_index(device))
+
+
+def empty_cache() -> None:
+    """Returns every cached, unused block to the host."""
+    _acc.empty_cache()
+
+
+def rounded_size(nbytes: int) -> int:
+    """Bytes a request of ``nbytes`` occupies on the device."""
+    return _C.rounded_size(int(nbytes))
+
+
+def _format_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A printable table of a core's allocator statistics, like ``torch.cuda.memory_summary``."""
+    index = device_index(device)
+    stats = memory_stats(index)
+    free, total = mem_get_info(index)
+    rows = [
+        ("Allocated memory", "allocated_bytes.all", _format_bytes),
+        ("Reserved memory", "reserved_bytes.all", _format_bytes),
+        ("Requested memory", "requested_bytes.all", _format_bytes),
+        ("Allocations", "allocation.all", str),
+        ("Segments", "segment.all", str),
+    ]
+    if not abbreviated:
+        rows += [
+            ("Small pool allocated", "allocated_bytes.small_pool", _format_bytes),
+            ("Large pool allocated", "allocated_bytes.large_pool", _format_bytes),
+        ]
+    width = 24
+    lines = [
+        f"neuron:{index} memory summary ({_format_bytes(total)} per core, {_format_bytes(free)} free)",
+        f"{'':{width}} {'current':>12} {'peak':>12} {'allocated':>12} {'freed':>12}",
+    ]
+    for label, key, fmt in rows:
+        cells = [fmt(int(stats.get(f"{key}.{kind}", 0))) for kind in ("current", "peak", "allocated", "freed")]
+        lines.append(f"{label:{width}} " + " ".join(f"{c:>12}" for c in cells))
+    lines.append(
+        f"{'Cache flushes / OOMs':{width}} {stats.get('num_alloc_retries', 0):>12} {stats.get('num_ooms', 0):>12}"
+    )
+    return "\n".join(lines)

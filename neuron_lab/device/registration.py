@@ -1,0 +1,42 @@
+"""Registers the native runtime with PyTorch under the name ``neuron``."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from neuron_lab.device import config
+
+__all__ = ["register", "is_registered"]
+
+BACKEND_NAME = "neuron"
+_lock = threading.Lock()
+_registered = False
+
+
+def is_registered() -> bool:
+    """Whether ``register()`` has run in this process."""
+    return _registered
+
+
+def register() -> None:
+    """Makes the ``neuron`` device available to PyTorch. Safe to call more than once."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        settings = config.from_environment()
+        # Loading the extension registers the allocator, guard, hooks and kernels.
+        from neuron_lab.device import _C
+
+        _C.configure(settings.num_cores, settings.core_memory)
+        torch.utils.rename_privateuse1_backend(BACKEND_NAME)
+
+        from neuron_lab.device import api
+
+        torch._register_device_module(BACKEND_NAME, api)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+        _registered = True
