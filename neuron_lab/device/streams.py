@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from neuron_lab.device import _C
 from neuron_lab.device.core import device_index
 
 __all__ = [
@@ -75,6 +76,10 @@ class Event(torch.Event):
     def wait(self, stream: torch.Stream | None = None) -> None:  # type: ignore[override]
         """Makes ``stream`` (default: the current stream) wait for this event."""
         super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:  # type: ignore[override]
+        """Milliseconds from this event to ``end_event``; both need ``enable_timing=True``."""
+        return _C.event_elapsed_time(self, end_event)
 
 
 def _wrap(s: torch.Stream) -> Stream:

@@ -5,6 +5,7 @@
 #include "runtime.h"
 
 #include <pybind11/pybind11.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 
 namespace py = pybind11;
@@ -36,6 +37,18 @@ PYBIND11_MODULE(_C, m) {
         return py::make_tuple(stats.enqueued.load(), stats.completed.load());
       },
       py::arg("device"), py::arg("stream_id"), "(enqueued, completed) launches of one stream.");
+  m.def(
+      "event_elapsed_time",
+      [](py::handle start, py::handle end) {
+        // torch.Event.elapsed_time refuses subclasses such as torch.neuron.Event.
+        if (!THPEvent_Check(start.ptr()) || !THPEvent_Check(end.ptr())) {
+          throw py::type_error("elapsed_time expects two torch.Event objects");
+        }
+        auto& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
+        auto& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
+        return a.elapsedTime(b);
+      },
+      py::arg("start"), py::arg("end"), "Milliseconds between two recorded timing events.");
   m.def("counters", []() {
     auto& c = neuron::op_counters();
     py::dict d;

@@ -186,6 +186,8 @@ bool is_optional_generator(const c10::Argument& arg) {
 
 bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
 
+}  // namespace
+
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::CPU), schema.operator_name(),
@@ -258,6 +260,8 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+namespace {
+
 // Sparse, sparse-compressed and quantized neuron tensors do not exist: say so.
 void unsupported_layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(),
@@ -279,4 +283,13 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }
 
+}  // namespace neuron
+
+namespace neuron {
+// Structured ops whose generic (CompositeExplicitAutogradNonFunctional) wrapper
+// hands the CPU out= kernel an output it then resizes with a deprecation
+// warning; run their functional CPU kernel directly instead.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
 }  // namespace neuron

@@ -97,3 +97,10 @@ namespace neuron {
 // Grows or shrinks a storage in device memory, keeping its leading bytes (kernels.cpp).
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size);
 }  // namespace neuron
+
+namespace c10 { class OperatorHandle; }
+namespace torch::jit { using Stack = std::vector<c10::IValue>; }
+namespace neuron {
+// Runs one aten op on the CPU kernel over the same memory (fallback.cpp).
+void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+}  // namespace neuron

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Sets up everything (scripts/setup.sh) and opens the workbench: JupyterLab on notebooks/.
+# Extra arguments go to jupyter lab, e.g. `bash scripts/lab.sh --no-browser --port 8899`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/jupyter lab --notebook-dir=notebooks "$@"
