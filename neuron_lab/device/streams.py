@@ -98,28 +98,36 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def set_stream(stream: torch.Stream) -> None:
-    """Makes ``stream`` the current stream of its core."""
+    """Makes ``stream`` the current stream of its core, and its core current (as CUDA does)."""
     if stream is None:
         return
     torch.accelerator.set_stream(stream)
 
 
 class StreamContext:
-    """Context manager that makes ``stream`` current on its core and restores the previous one."""
+    """Context manager that makes ``stream`` current, as ``torch.cuda.StreamContext`` does.
+
+    Like CUDA, selecting a stream also selects its core for the block; on exit the
+    previous stream of that core and the previous current core are restored.
+    """
 
     def __init__(self, stream: torch.Stream | None) -> None:
         self.stream = stream
-        self.previous: torch.Stream | None = None
+        self.previous_current: torch.Stream | None = None  # current core's stream at entry
+        self.previous_target: torch.Stream | None = None  # the stream's core's stream at entry
 
     def __enter__(self) -> torch.Stream | None:
         if self.stream is not None:
-            self.previous = current_stream(self.stream.device_index)
+            self.previous_current = current_stream()
+            self.previous_target = current_stream(self.stream.device_index)
             set_stream(self.stream)
         return self.stream
 
     def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            set_stream(self.previous)
+        if self.stream is None:
+            return
+        set_stream(self.previous_target)
+        set_stream(self.previous_current)  # restores the current core as well
 
 
 def stream(stream: torch.Stream | None) -> StreamContext:

@@ -132,7 +132,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
  private:
   static std::vector<c10::CachingAllocator::StatArray*> stat_arrays(DeviceStats& s) {
-    return {&s.allocation,      &s.segment,         &s.active,         &s.inactive_split,
+    return {&s.allocation,    &s.segment,      &s.active,         &s.inactive_split,
+            &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes, &s.inactive_split_bytes,
             &s.requested_bytes};
   }
 

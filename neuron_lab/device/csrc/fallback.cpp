@@ -10,6 +10,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
@@ -184,6 +185,31 @@ bool is_optional_generator(const c10::Argument& arg) {
   return type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// Random ops without a Generator argument draw from the CPU default generator.
+bool draws_from_default_generator(const c10::FunctionSchema& schema) {
+  return schema.name() == "aten::native_dropout";
+}
+
+// Runs such an op with the CPU default generator temporarily holding the state
+// of the neuron core's generator, so that the draws come from (and advance) the
+// neuron generator. Not safe against CPU random ops running at the same moment
+// in another thread.
+void run_with_device_generator(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                               c10::DeviceIndex device) {
+  auto cpu_default = at::detail::getDefaultCPUGenerator();
+  auto device_host = host_generator(default_generator(device));
+  auto saved = cpu_default.get_state();
+  cpu_default.set_state(device_host.get_state());
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (...) {
+    cpu_default.set_state(saved);
+    throw;
+  }
+  device_host.set_state(cpu_default.get_state());
+  cpu_default.set_state(saved);
+}
+
 bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
 
 }  // namespace
@@ -239,7 +265,11 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     LaunchScope launch(device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    if (draws_from_default_generator(schema)) {
+      run_with_device_generator(op, stack, device);
+    } else {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    }
   }
   op_counters().fallback_ops += 1;
   call.write_back();

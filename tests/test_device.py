@@ -1,0 +1,164 @@
+"""Registration, device selection and the torch.neuron / torch.accelerator device APIs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_python
+
+TORCH_NEURON_API = """
+is_available is_initialized device_count current_device set_device device get_device_name
+get_device_properties synchronize manual_seed manual_seed_all seed initial_seed get_rng_state
+set_rng_state Stream Event stream current_stream default_stream set_stream memory_allocated
+max_memory_allocated memory_reserved max_memory_reserved reset_peak_memory_stats memory_stats
+memory_summary mem_get_info empty_cache is_bf16_supported
+""".split()
+
+
+def test_torch_neuron_has_the_cuda_like_api() -> None:
+    missing = [name for name in TORCH_NEURON_API if not hasattr(torch.neuron, name)]
+    assert missing == []
+    assert set(torch.neuron.__all__) >= set(TORCH_NEURON_API)
+
+
+def test_device_strings_and_tensor_methods() -> None:
+    assert torch.device("neuron:1").type == "neuron"
+    x = torch.ones(2, device="neuron:1")
+    assert x.device == torch.device("neuron", 1)
+    assert x.is_neuron and not torch.ones(1).is_neuron
+    y = torch.ones(2).neuron()
+    assert y.device == torch.device("neuron", 0)
+    assert torch.ones(2).neuron(1).device.index == 1
+    m = torch.nn.Linear(2, 2).neuron()
+    assert all(p.device.type == "neuron" for p in m.parameters())
+
+
+def test_default_configuration() -> None:
+    assert torch.neuron.is_available()
+    assert torch.neuron.is_initialized()
+    assert torch.neuron.device_count() == 2
+    props = torch.neuron.get_device_properties(1)
+    assert props.index == 1 and props.total_memory == 16 * 2**30
+    assert "NeuronCore" in torch.neuron.get_device_name()
+    assert torch.neuron.is_bf16_supported()
+
+
+def test_current_device_and_context_manager() -> None:
+    assert torch.neuron.current_device() == 0
+    with torch.neuron.device(1):
+        assert torch.neuron.current_device() == 1
+        assert torch.empty(1, device="neuron").device.index == 1
+    assert torch.neuron.current_device() == 0
+    torch.neuron.set_device("neuron:1")
+    try:
+        assert torch.zeros(1, device="neuron").device.index == 1
+    finally:
+        torch.neuron.set_device(0)
+    with torch.neuron.device_of(torch.ones(1, device="neuron:1")):
+        assert torch.neuron.current_device() == 1
+
+
+def test_bad_device_index_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="neuron:5 does not exist.*2 NeuronCore"):
+        torch.neuron.set_device(5)
+    with pytest.raises((RuntimeError, IndexError), match="neuron:7 does not exist"):
+        torch.ones(1, device="neuron:7")
+    with pytest.raises(ValueError, match="expected a neuron device"):
+        torch.neuron.get_device_properties("cpu")
+    assert torch.ones(1, device="neuron").item() == 1.0  # still usable
+
+
+def test_torch_accelerator_runs_unchanged() -> None:
+    acc = torch.accelerator
+    assert acc.is_available()
+    assert acc.current_accelerator() == torch.device("neuron")
+    assert acc.device_count() == 2
+    acc.set_device_index(1)
+    try:
+        assert acc.current_device_index() == 1
+    finally:
+        acc.set_device_index(0)
+    with acc.device_index(1):
+        assert torch.empty(1, device="neuron").device.index == 1
+    stream = torch.Stream(device="neuron")
+    acc.set_stream(stream)
+    try:
+        assert acc.current_stream() == stream
+    finally:
+        acc.set_stream(torch.neuron.default_stream())
+    acc.synchronize()
+    x = torch.empty(1024, device="neuron")
+    assert acc.memory.memory_allocated() >= 4096
+    del x
+
+
+def test_accelerator_device_agnostic_training_loop() -> None:
+    device = torch.accelerator.current_accelerator()
+    model = torch.nn.Linear(4, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = model(torch.randn(8, 4, device=device)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.accelerator.synchronize()
+    assert loss.device.type == "neuron"
+
+
+def test_import_torch_alone_autoloads_the_device() -> None:
+    result = run_python(
+        """
+        import torch
+        x = torch.randn(2, device="neuron")
+        print(x.device, "neuron_lab" in __import__("sys").modules)
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["neuron:0", "True"]
+
+
+def test_autoload_can_be_turned_off() -> None:
+    result = run_python(
+        "import torch; print(torch._C._get_privateuse1_backend_name())",
+        env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "privateuseone"
+
+
+def test_cores_and_memory_come_from_the_environment() -> None:
+    result = run_python(
+        """
+        import torch
+        print(torch.neuron.device_count(), torch.neuron.get_device_properties(3).total_memory)
+        """,
+        env={"NEURON_LAB_NUM_CORES": "4", "NEURON_LAB_CORE_MEMORY": "64MiB"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["4", str(64 * 2**20)]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("NEURON_LAB_NUM_CORES", "two", "not a whole number"),
+        ("NEURON_LAB_NUM_CORES", "0", "between 1 and 64"),
+        ("NEURON_LAB_CORE_MEMORY", "lots", "not a memory size"),
+    ],
+)
+def test_bad_configuration_names_the_variable(variable: str, value: str, message: str) -> None:
+    result = run_python("import neuron_lab", env={variable: value, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert result.returncode != 0
+    assert variable in result.stderr and message in result.stderr
+
+
+def test_parse_size() -> None:
+    from neuron_lab.device.config import parse_size
+
+    assert parse_size("16GiB") == 16 * 2**30
+    assert parse_size("512 MiB") == 512 * 2**20
+    assert parse_size("2GB") == 2 * 10**9
+    assert parse_size("1048576") == 2**20
+    with pytest.raises(ValueError):
+        parse_size("-1GiB")

@@ -1,0 +1,130 @@
+"""Caching-allocator statistics, capacity and out-of-memory behaviour."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_python
+
+MiB = 2**20
+
+
+def test_allocated_bytes_are_exact() -> None:
+    torch.neuron.empty_cache()
+    base = torch.neuron.memory_allocated()
+    a = torch.empty(1000, dtype=torch.float32, device="neuron")  # 4000 B -> 4096
+    assert torch.neuron.memory_allocated() - base == 4096
+    b = torch.empty(MiB, dtype=torch.uint8, device="neuron")  # exactly 1 MiB
+    assert torch.neuron.memory_allocated() - base == 4096 + MiB
+    stats = torch.neuron.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.neuron.memory_allocated()
+    assert stats["requested_bytes.all.current"] - 4000 - MiB >= 0
+    del a, b
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_freed_blocks_stay_reserved_and_are_reused() -> None:
+    torch.neuron.empty_cache()
+    reserved0 = torch.neuron.memory_reserved()
+    x = torch.empty(256, 1024, device="neuron")  # 1 MiB
+    assert torch.neuron.memory_reserved() == reserved0 + MiB
+    ptr = x.data_ptr()
+    del x
+    assert torch.neuron.memory_reserved() == reserved0 + MiB  # cached, not returned
+    y = torch.empty(256, 1024, device="neuron")
+    assert y.data_ptr() == ptr  # same block reused
+    segments = torch.neuron.memory_stats()["segment.all.current"]
+    del y
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated()
+    assert torch.neuron.memory_stats()["segment.all.current"] < segments
+
+
+def test_peak_statistics_and_reset() -> None:
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    assert torch.neuron.max_memory_allocated() == base
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="neuron")
+    del x
+    assert torch.neuron.max_memory_allocated() == base + 2 * MiB
+    assert torch.neuron.max_memory_reserved() >= base + 2 * MiB
+    torch.neuron.reset_peak_memory_stats()
+    assert torch.neuron.max_memory_allocated() == torch.neuron.memory_allocated()
+
+
+def test_statistics_are_per_core() -> None:
+    base0 = torch.neuron.memory_allocated(0)
+    base1 = torch.neuron.memory_allocated(1)
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron:1")
+    assert torch.neuron.memory_allocated(1) - base1 == MiB
+    assert torch.neuron.memory_allocated(0) == base0
+    assert torch.accelerator.memory.memory_allocated(1) - base1 == MiB
+    del x
+
+
+def test_mem_get_info_and_summary() -> None:
+    torch.neuron.empty_cache()
+    free, total = torch.neuron.mem_get_info()
+    assert total == 16 * 2**30
+    assert free == total - torch.neuron.memory_reserved()
+    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    assert torch.neuron.mem_get_info()[0] == free - MiB
+    summary = torch.neuron.memory_summary()
+    assert "neuron:0 memory summary" in summary and "Allocated memory" in summary
+    del x
+
+
+def test_intermediates_of_an_op_chain_are_freed() -> None:
+    base = torch.neuron.memory_allocated()
+    x = torch.randn(1024, device="neuron")
+    y = (x * 2 + 1).sin().sum()
+    del x
+    assert torch.neuron.memory_allocated() - base == 512  # only y (4 B, rounded)
+    del y
+
+
+def test_out_of_memory_error_then_everything_intact() -> None:
+    keep = torch.arange(1000.0, device="neuron")
+    expected = keep.cpu().clone()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(20 * 2**30, dtype=torch.uint8, device="neuron")
+    message = str(info.value)
+    assert "neuron:0 out of memory" in message
+    assert "tried to allocate 20.00 GiB" in message
+    assert "of 16.00 GiB in use" in message
+    assert "empty_cache" in message and "NEURON_LAB_CORE_MEMORY" in message
+    assert torch.equal(keep.cpu(), expected)
+    assert (keep + 1).sum().item() == expected.sum().item() + 1000
+    assert torch.neuron.memory_stats()["num_ooms"] >= 1
+
+
+def test_small_core_releases_cache_before_oom() -> None:
+    result = run_python(
+        """
+        import torch
+        MiB = 2**20
+        x = torch.empty(40 * MiB, dtype=torch.uint8, device="neuron")
+        del x                                  # 40 MiB stays cached
+        y = torch.empty(50 * MiB, dtype=torch.uint8, device="neuron")  # fits only after a flush
+        stats = torch.neuron.memory_stats()
+        print(stats["num_alloc_retries"], torch.neuron.memory_reserved() // MiB)
+        keep = torch.ones(MiB, device="neuron")
+        try:
+            torch.empty(30 * MiB, dtype=torch.uint8, device="neuron")
+        except torch.OutOfMemoryError as e:
+            print("OOM", "54.00 MiB of 64.00 MiB in use" in str(e), "tried to allocate 30.00 MiB" in str(e))
+        print(int(keep.sum().item()), torch.neuron.memory_stats()["num_ooms"])
+        """,
+        env={"NEURON_LAB_CORE_MEMORY": "64MiB"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "50", "OOM", "True", "True", str(2**20), "1"]
+
+
+def test_untyped_storage_uses_the_allocator() -> None:
+    base = torch.neuron.memory_allocated()
+    s = torch.UntypedStorage(1000, device="neuron")
+    assert s.device.type == "neuron"
+    assert torch.neuron.memory_allocated() - base == 1024
+    del s

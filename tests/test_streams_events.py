@@ -1,0 +1,121 @@
+"""Streams and events with torch.cuda semantics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neuron_lab.device import _C
+
+
+def launches(stream: torch.Stream) -> tuple[int, int]:
+    return _C.stream_launches(stream.device_index, stream.stream_id)
+
+
+def test_default_and_new_streams() -> None:
+    default = torch.neuron.default_stream()
+    assert default.stream_id == 0 and default.device_index == 0
+    assert torch.neuron.current_stream() == default
+    s = torch.neuron.Stream()
+    assert isinstance(s, torch.Stream) and s != default
+    assert torch.neuron.Stream(device=1).device_index == 1
+    assert "neuron:0" in repr(s)
+
+
+def test_stream_context_routes_launches_in_order() -> None:
+    s = torch.neuron.Stream()
+    before_default = launches(torch.neuron.default_stream())
+    with torch.neuron.stream(s):
+        assert torch.neuron.current_stream() == s
+        x = torch.ones(10, device="neuron")
+        y = x * 2 + 1  # mul and add: two launches on s (plus the fill of ones)
+    assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    enqueued, completed = launches(s)
+    assert enqueued >= 3 and enqueued == completed
+    assert launches(torch.neuron.default_stream()) == before_default
+    assert y.sum().item() == 30
+
+
+def test_streams_are_per_core() -> None:
+    s1 = torch.neuron.Stream(device=1)
+    with torch.neuron.stream(s1):
+        assert torch.neuron.current_device() == 1  # selecting a stream selects its core
+        assert torch.neuron.current_stream(1) == s1
+        assert torch.neuron.current_stream(0) == torch.neuron.default_stream(0)
+        torch.ones(3, device="neuron:1").add_(1)
+    assert torch.neuron.current_device() == 0
+    assert torch.neuron.current_stream(1) == torch.neuron.default_stream(1)
+    assert launches(s1)[0] >= 2
+
+
+def test_wait_stream_wait_event_and_query() -> None:
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    with torch.neuron.stream(s1):
+        x = torch.ones(1000, device="neuron") * 3
+        event = s1.record_event()
+    s2.wait_event(event)
+    s2.wait_stream(s1)
+    with torch.neuron.stream(s2):
+        y = x + 1
+    assert event.query() and s1.query() and s2.query()
+    s2.synchronize()
+    event.synchronize()
+    assert y[0].item() == 4
+
+
+def test_event_timing() -> None:
+    start = torch.neuron.Event(enable_timing=True)
+    end = torch.neuron.Event(enable_timing=True)
+    start.record()
+    x = torch.randn(256, 256, device="neuron")
+    for _ in range(5):
+        x = x @ x / 256
+    end.record()
+    end.synchronize()
+    elapsed = start.elapsed_time(end)
+    assert elapsed > 0.0
+    assert isinstance(elapsed, float)
+
+
+def test_event_timing_errors_are_clear() -> None:
+    a, b = torch.neuron.Event(), torch.neuron.Event()
+    a.record()
+    b.record()
+    with pytest.raises((RuntimeError, ValueError), match="enable_timing=True"):
+        a.elapsed_time(b)
+    c, d = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    with pytest.raises((RuntimeError, ValueError), match="must be recorded"):
+        c.elapsed_time(d)
+
+
+def test_unrecorded_event_is_complete() -> None:
+    e = torch.neuron.Event()
+    assert e.query()
+    torch.neuron.current_stream().wait_event(e)  # a no-op, as in CUDA
+
+
+def test_record_stream_keeps_accounting() -> None:
+    s = torch.neuron.Stream()
+    x = torch.empty(1024, device="neuron")
+    x.record_stream(s)
+    with pytest.raises(RuntimeError, match="neuron:0 but the stream is on neuron:1"):
+        x.record_stream(torch.neuron.Stream(device=1))
+    del x
+
+
+def test_synchronize_variants() -> None:
+    torch.ones(4, device="neuron:1").add_(1)
+    torch.neuron.synchronize()
+    torch.neuron.synchronize(1)
+    torch.accelerator.synchronize(1)
+    torch.neuron.current_stream().synchronize()
+
+
+def test_generic_torch_event_and_stream_work_on_neuron() -> None:
+    s = torch.Stream(device="neuron")
+    e = torch.Event(device="neuron", enable_timing=True)
+    e2 = torch.Event(device="neuron", enable_timing=True)
+    e.record(s)
+    e2.record(s)
+    assert e.elapsed_time(e2) >= 0.0
+    assert s.query()
