@@ -1,0 +1,111 @@
+"""Everyday tensor semantics: views, in-place, out=, tuples, scalars, printing, convolution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_views_share_storage_and_update_base() -> None:
+    x = torch.zeros(3, 4, device="neuron")
+    row = x[0]
+    assert row._base is x
+    row.add_(1)
+    x.t()[2].fill_(5)  # column 2 through a transposed view
+    assert x.cpu().tolist()[0] == [1.0, 1.0, 5.0, 1.0]
+    assert x.view(12).data_ptr() == x.data_ptr()
+    assert x.unfold(1, 2, 2).shape == (3, 2, 2)
+    assert x.as_strided((2,), (1,)).cpu().tolist() == [1.0, 1.0]
+    assert x.reshape(4, 3).data_ptr() == x.data_ptr()
+
+
+def test_out_argument_including_resize() -> None:
+    a = torch.arange(4.0, device="neuron")
+    out = torch.empty(4, device="neuron")
+    result = torch.add(a, 1, out=out)
+    assert result is out and out.cpu().tolist() == [1.0, 2.0, 3.0, 4.0]
+    empty = torch.empty(0, device="neuron")
+    torch.mul(a, 2, out=empty)
+    assert empty.shape == (4,) and empty.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    idx = torch.empty(0, dtype=torch.long, device="neuron")
+    values = torch.empty(0, device="neuron")
+    torch.max(a.reshape(2, 2), dim=1, out=(values, idx))
+    assert values.cpu().tolist() == [1.0, 3.0] and idx.cpu().tolist() == [1, 1]
+
+
+def test_ops_returning_tuples_and_scalars() -> None:
+    x = torch.tensor([[3.0, 1.0], [2.0, 5.0]], device="neuron")
+    values, indices = x.max(dim=1)
+    assert values.device.type == "neuron" and indices.cpu().tolist() == [0, 1]
+    q, r = torch.linalg.qr(x)
+    assert torch.allclose((q @ r).cpu(), x.cpu(), atol=1e-5)
+    assert x.sum().item() == 11.0
+    assert x.tolist() == [[3.0, 1.0], [2.0, 5.0]]
+    assert bool(x[0, 0] > 2) is True
+    assert torch.equal(x, x.clone())
+    assert x.argmax().item() == 3
+
+
+def test_data_dependent_shapes() -> None:
+    x = torch.tensor([0.0, 1.5, 0.0, 2.0], device="neuron")
+    assert x.nonzero().cpu().flatten().tolist() == [1, 3]
+    assert x[x > 0].cpu().tolist() == [1.5, 2.0]
+    assert torch.unique(x).cpu().tolist() == [0.0, 1.5, 2.0]
+
+
+def test_printing_shows_the_device() -> None:
+    assert "device='neuron:1'" in repr(torch.ones(2, device="neuron:1"))
+    assert "device='neuron:0'" in str(torch.zeros(2, 2, device="neuron", dtype=torch.bfloat16))
+
+
+def test_indexing_with_host_indices_like_cuda() -> None:
+    x = torch.arange(5.0, device="neuron")
+    assert x[torch.tensor([0, 2])].cpu().tolist() == [0.0, 2.0]
+    x[torch.tensor([1])] = 9.0
+    assert x[1].item() == 9.0
+
+
+def test_mixing_devices_raises_the_usual_error() -> None:
+    a = torch.ones(3, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*neuron:0.*cpu"):
+        torch.mm(torch.ones(2, 2, device="neuron"), torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.mm(torch.ones(2, 2, device="neuron:0"), torch.ones(2, 2, device="neuron:1"))
+    assert (a + torch.tensor(2.0)).cpu().tolist() == [3.0] * 3  # CPU scalars mix, as in CUDA
+
+
+def test_sparse_is_refused_with_a_hint() -> None:
+    with pytest.raises(NotImplementedError, match=r"aten::_to_sparse.*\.cpu\(\)"):
+        torch.ones(2, 2, device="neuron").to_sparse()
+    with pytest.raises(NotImplementedError, match="strided"):
+        torch.sparse_coo_tensor([[0]], [1.0], (2,), device="neuron")
+
+
+def test_convolution_forward_and_backward_match_cpu() -> None:
+    x = torch.randn(2, 3, 9, 9, requires_grad=True)
+    conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    ref = conv(x)
+    ref.sum().backward()
+    xn = x.detach().neuron().requires_grad_()
+    conv_n = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+    conv_n.load_state_dict(conv.state_dict())
+    conv_n.neuron()
+    out = conv_n(xn)
+    out.sum().backward()
+    assert torch.equal(out.detach().cpu(), ref.detach())
+    assert torch.equal(xn.grad.cpu(), x.grad)
+    assert torch.equal(conv_n.weight.grad.cpu(), conv.weight.grad)
+    assert torch.equal(conv_n.bias.grad.cpu(), conv.bias.grad)
+    up = torch.nn.ConvTranspose2d(4, 2, 2, stride=2).neuron()
+    assert up(out.detach()).shape == (2, 2, 10, 10)
+
+
+def test_resize_and_set() -> None:
+    x = torch.arange(4.0, device="neuron")
+    x.resize_(2, 3)
+    assert x.shape == (2, 3) and x.flatten()[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    y = torch.empty(0, device="neuron")
+    y.set_(x.untyped_storage(), 0, (2, 2), (2, 1))
+    assert y.data_ptr() == x.data_ptr() and y.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
