@@ -12,6 +12,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# The venv's ninja must be on PATH for the extension to compile in parallel.
+export PATH="$PWD/$VENV/bin:$PATH"
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
 # torch first, pinned: the extension builds against it (no build isolation), and an
 # unpinned torch would pull a multi-GB CUDA build instead of the local CPU wheel.
