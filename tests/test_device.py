@@ -162,3 +162,9 @@ def test_parse_size() -> None:
     assert parse_size("1048576") == 2**20
     with pytest.raises(ValueError):
         parse_size("-1GiB")
+
+
+def test_import_neuron_lab_before_torch() -> None:
+    result = run_python("import neuron_lab, torch; print(torch.ones(1, device='neuron').device)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "neuron:0"

@@ -109,3 +109,24 @@ def test_resize_and_set() -> None:
     y = torch.empty(0, device="neuron")
     y.set_(x.untyped_storage(), 0, (2, 2), (2, 1))
     assert y.data_ptr() == x.data_ptr() and y.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def test_kernels_match_the_cpu_exactly_where_pytorch_would_decompose() -> None:
+    # On PrivateUse1 these would take generic decompositions (or SDPA's math
+    # path) that round differently; the device runs the CPU kernels instead.
+    x = torch.tensor([[-8.4784], [3.25]])
+    assert torch.equal(torch.nn.functional.layer_norm(x.neuron(), [1]).cpu(), torch.nn.functional.layer_norm(x, [1]))
+    g = torch.randn(2, 6, 5)
+    assert torch.equal(torch.nn.functional.group_norm(g.neuron(), 3).cpu(), torch.nn.functional.group_norm(g, 3))
+    torch.manual_seed(9)
+    q, k, v = (torch.rand(4, 4, 3, 8) * 18 - 9 for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for causal in (False, True):
+        qn = q.neuron().requires_grad_()
+        qc = q.clone().requires_grad_()
+        out_n = sdpa(qn, k.neuron(), v.neuron(), is_causal=causal)
+        out_c = sdpa(qc, k, v, is_causal=causal)
+        assert torch.equal(out_n.detach().cpu(), out_c.detach())
+        out_n.sum().backward()
+        out_c.sum().backward()
+        assert torch.equal(qn.grad.cpu(), qc.grad)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 
-import torch
-
 from neuron_lab.device import config
 
 __all__ = ["register", "is_registered"]
 
 BACKEND_NAME = "neuron"
-_lock = threading.Lock()
+# Re-entrant: `import torch` inside register() may autoload the device, which
+# calls register() again on the same thread before the outer call continues.
+_lock = threading.RLock()
 _registered = False
 
 
@@ -27,6 +27,10 @@ def register() -> None:
         if _registered:
             return
         settings = config.from_environment()
+        import torch
+
+        if _registered:  # torch's autoload registered the device while importing
+            return
         # Loading the extension registers the allocator, guard, hooks and kernels.
         from neuron_lab.device import _C
 

@@ -27,13 +27,20 @@ OpCounters& op_counters() {
   return *counters;
 }
 
-at::Tensor host_alias(const at::Tensor& t) {
-  const auto& storage = t.storage();
+namespace {
+
+// A CPU storage over the bytes of a neuron storage. Resizable with the CPU
+// allocator so that out= kernels may resize their output; the fallback then
+// moves the new bytes into device memory.
+c10::Storage host_storage_of(const c10::Storage& storage) {
   void* data = const_cast<void*>(storage.data());
-  // Resizable with the CPU allocator so that out= kernels may resize their
-  // output; the fallback then moves the new bytes into device memory.
-  c10::Storage host_storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
-                            c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
+  return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                      c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
+}
+
+}  // namespace
+
+at::Tensor host_alias_sharing(const at::Tensor& t, c10::Storage host_storage) {
   auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(host_storage),
                                                         c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   auto* impl = alias.unsafeGetTensorImpl();
@@ -42,6 +49,8 @@ at::Tensor host_alias(const at::Tensor& t) {
   if (t.is_neg()) impl->_set_neg(true);
   return alias;
 }
+
+at::Tensor host_alias(const at::Tensor& t) { return host_alias_sharing(t, host_storage_of(t.storage())); }
 
 at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
   if (!cpu_tensor.defined() || cpu_tensor.device().type() == kNeuron) return cpu_tensor;
@@ -77,13 +86,24 @@ class Call {
     if (!t.defined()) return t;
     if (t.device().type() == kNeuron) {
       note_device(t.device(), arg);
-      auto host = host_alias(t);
+      auto host = host_alias_sharing(t, shared_host_storage(t.storage()));
       aliased_.push_back({t, host, is_write});
       return host;
     }
     // CPU scalars (0-dim) mix with device tensors as in CUDA; anything else must move.
     if (t.dim() > 0 || is_write) note_device(t.device(), arg);
     return t;
+  }
+
+  // Arguments that share a neuron storage get host aliases that share one CPU
+  // storage, so kernels see the aliasing (in-place overlap checks, x.add_(x)).
+  c10::Storage shared_host_storage(const c10::Storage& storage) {
+    for (const auto& a : aliased_) {
+      if (a.original.storage().unsafeGetStorageImpl() == storage.unsafeGetStorageImpl()) {
+        return a.host.storage();
+      }
+    }
+    return host_storage_of(storage);
   }
 
   void note_device(c10::Device d, const c10::Argument& arg) {
@@ -316,10 +336,14 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
 }  // namespace neuron
 
 namespace neuron {
-// Structured ops whose generic (CompositeExplicitAutogradNonFunctional) wrapper
-// hands the CPU out= kernel an output it then resizes with a deprecation
-// warning; run their functional CPU kernel directly instead.
+// Ops that have a CPU kernel but whose PrivateUse1 entry would otherwise be a
+// generic decomposition (CompositeExplicitAutograd) that rounds differently, or
+// a structured wrapper that makes the CPU out= kernel warn about resizing. The
+// CPU kernel, through the fallback, keeps results identical to the CPU's.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  for (const char* name : {"mse_loss", "native_layer_norm", "native_group_norm", "addr", "addr.out",
+                           "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
 }
 }  // namespace neuron

@@ -5,6 +5,8 @@
 #include "runtime.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -76,7 +78,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   const auto device = dst_on_device ? dst.device().index() : self.device().index();
   {
     LaunchScope launch(device);
-    host_view(dst).copy_(host_view(self));
+    if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
+      // One host storage for both, so the CPU kernel sees the overlap.
+      auto host_dst = host_alias(dst);
+      host_dst.copy_(host_alias_sharing(self, host_dst.storage()));
+    } else {
+      host_view(dst).copy_(host_view(self));
+    }
   }
   auto& counters = op_counters();
   const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
@@ -206,6 +214,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   return {to_device(gi, device), to_device(gw, device), to_device(gb, device)};
 }
 
+// ---- scaled dot-product attention: pick the backend the CPU would pick ---------
+// Without a choice for PrivateUse1, PyTorch takes the unfused math path; with
+// the CPU's choice, the fused CPU kernel runs on device memory (fallback).
+int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                   const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa) {
+  std::optional<at::Tensor> host_mask;
+  if (attn_mask.has_value() && attn_mask->defined()) host_mask = host_view(*attn_mask);
+  return at::_fused_sdp_choice(host_view(query), host_view(key), host_view(value), host_mask, dropout_p,
+                               is_causal, scale, enable_gqa);
+}
+
 }  // namespace
 
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
@@ -219,6 +239,14 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   impl->set_data_ptr_noswap(std::move(fresh));
   impl->set_nbytes(new_size);
 }
+
+}  // namespace neuron
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron::sdp_choice)
+}  // namespace at::native
+
+namespace neuron {
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));

@@ -78,6 +78,9 @@ at::Generator host_generator(const at::Generator& neuron_generator);
 // ---- tensors (fallback.cpp) ------------------------------------------------
 // A CPU tensor viewing the same host memory as a neuron tensor (no copy).
 at::Tensor host_alias(const at::Tensor& neuron_tensor);
+// The same, over a given host storage: aliases of one neuron storage must share
+// one host storage for CPU kernels to detect overlap between them.
+at::Tensor host_alias_sharing(const at::Tensor& neuron_tensor, c10::Storage host_storage);
 // A new neuron tensor on `device` holding a copy of a CPU tensor.
 at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device);
 
