@@ -217,13 +217,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 // ---- scaled dot-product attention: pick the backend the CPU would pick ---------
 // Without a choice for PrivateUse1, PyTorch takes the unfused math path; with
 // the CPU's choice, the fused CPU kernel runs on device memory (fallback).
+// The choice looks at requires_grad (e.g. a mask that needs a gradient rules out
+// the fused kernels), so the host aliases carry it too.
+at::Tensor host_view_for_choice(const at::Tensor& t) {
+  auto h = host_view(t);
+  if (t.requires_grad() && !h.requires_grad()) h.set_requires_grad(true);
+  return h;
+}
+
 int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
   std::optional<at::Tensor> host_mask;
-  if (attn_mask.has_value() && attn_mask->defined()) host_mask = host_view(*attn_mask);
-  return at::_fused_sdp_choice(host_view(query), host_view(key), host_view(value), host_mask, dropout_p,
-                               is_causal, scale, enable_gqa);
+  if (attn_mask.has_value() && attn_mask->defined()) host_mask = host_view_for_choice(*attn_mask);
+  return at::_fused_sdp_choice(host_view_for_choice(query), host_view_for_choice(key),
+                               host_view_for_choice(value), host_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 }  // namespace
