@@ -1,0 +1,86 @@
+"""Several Python threads using the device at once: per-thread current device and
+stream, one shared allocator, and results identical to single-threaded runs."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+def run_in_threads(target, count: int) -> list:
+    results: list = [None] * count
+    errors: list = []
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results
+
+
+def test_concurrent_training_matches_sequential() -> None:
+    def train(i: int) -> list[float]:
+        device = f"neuron:{i % 2}"
+        g = torch.Generator().manual_seed(i)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+        model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(32, 8, generator=g).to(device)
+        losses = []
+        for _ in range(20):
+            loss = model(x).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    sequential = [train(i) for i in range(4)]
+    concurrent = run_in_threads(train, 4)
+    assert concurrent == sequential
+
+
+def test_current_device_and_stream_are_per_thread() -> None:
+    barrier = threading.Barrier(2)
+
+    def use(i: int) -> tuple[int, int, str]:
+        torch.neuron.set_device(i)
+        s = torch.neuron.Stream()
+        with torch.neuron.stream(s):
+            barrier.wait()  # both threads have switched before either checks
+            x = torch.ones(4, device="neuron") * (i + 1)
+            return torch.neuron.current_device(), torch.neuron.current_stream().stream_id, str(x.device)
+
+    results = run_in_threads(use, 2)
+    assert [r[0] for r in results] == [0, 1]
+    assert [r[2] for r in results] == ["neuron:0", "neuron:1"]
+    assert all(r[1] != 0 for r in results)
+    assert torch.neuron.current_device() == 0  # the main thread is untouched
+
+
+def test_allocator_statistics_stay_exact_under_threads() -> None:
+    torch.neuron.empty_cache()
+    base = torch.neuron.memory_allocated(0)
+
+    def churn(i: int) -> int:
+        kept = []
+        for n in range(200):
+            t = torch.empty(1000 + n, device="neuron:0")
+            if n % 50 == 0:
+                kept.append(t)
+        return len(kept)
+
+    run_in_threads(churn, 4)
+    assert torch.neuron.memory_allocated(0) == base  # every block came back
