@@ -13,8 +13,10 @@ then raises ``torch.OutOfMemoryError``.
 
 from __future__ import annotations
 
+import pickle
+import sys
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -36,6 +38,9 @@ __all__ = [
     "mem_get_info",
     "empty_cache",
     "rounded_size",
+    "_record_memory_history",
+    "_snapshot",
+    "_dump_snapshot",
 ]
 
 _acc = torch.accelerator.memory
@@ -134,3 +139,48 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
         f"{'Cache flushes / OOMs':{width}} {stats.get('num_alloc_retries', 0):>12} {stats.get('num_ooms', 0):>12}"
     )
     return "\n".join(lines)
+
+
+def _record_memory_history(
+    enabled: Literal["state", "all"] | None = "all",
+    context: Literal["state", "alloc", "all"] | None = "all",
+    stacks: Literal["python", "all"] = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+) -> None:
+    """Starts (or with ``enabled=None`` stops) recording memory history, like
+    ``torch.cuda.memory._record_memory_history``.
+
+    ``enabled="state"`` keeps the Python stack that allocated each live block;
+    ``"all"`` also logs every allocator action (alloc, free, segment alloc/free,
+    OOM), at most ``max_entries`` per core. ``context=None`` records no stacks.
+    Only Python frames exist here, so ``stacks="all"`` means Python stacks. The
+    history covers every core; ``device`` is accepted for compatibility.
+    """
+    if enabled not in (None, "state", "all"):
+        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
+    if context not in (None, "state", "alloc", "all"):
+        raise ValueError(f"context must be None, 'state', 'alloc' or 'all', got {context!r}")
+    if stacks not in ("python", "all"):
+        raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
+    if max_entries < 1:
+        raise ValueError(f"max_entries must be positive, got {max_entries}")
+    if device is not None:
+        device_index(device)
+    _C.record_memory_history(
+        enabled is not None, enabled == "all", context is not None, min(max_entries, 2**62), clear_history
+    )
+
+
+def _snapshot(device: Any = None) -> dict[str, Any]:
+    """Segments, blocks (with the stacks that allocated them) and the recorded
+    history of every core, in the structure of ``torch.cuda.memory._snapshot()``,
+    so that ``torch.cuda._memory_viz`` and pytorch.org/memory_viz render it."""
+    return _C.memory_snapshot()
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickles ``_snapshot()`` to ``filename`` for pytorch.org/memory_viz."""
+    with open(filename, "wb") as f:
+        pickle.dump(_snapshot(), f)

@@ -11,11 +11,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <unordered_set>
 
 namespace neuron {
@@ -33,13 +36,50 @@ struct Block {
   size_t size;       // rounded bytes
   size_t requested;  // bytes asked for
   c10::DeviceIndex device;
+  c10::StreamId stream = 0;  // stream current when it was allocated
+  Frames frames;             // where it was allocated (memory history only)
 };
 
 struct Core {
   std::mutex mutex;
   DeviceStats stats;
   std::multimap<size_t, Block*> cached;  // free blocks by size
+  std::unordered_set<Block*> active;     // blocks held by tensors
+  std::deque<TraceEntry> trace;          // memory history (when recording)
 };
+
+// Memory-history settings, read on every allocation (relaxed atomics).
+std::atomic<bool> g_history{false};
+std::atomic<bool> g_trace{false};
+std::atomic<bool> g_stacks{false};
+std::atomic<size_t> g_max_entries{SIZE_MAX};
+std::atomic<StackCapturer> g_capturer{nullptr};
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Frames capture_stack() {
+  auto capturer = g_capturer.load();
+  return (g_history.load() && g_stacks.load() && capturer != nullptr) ? capturer() : nullptr;
+}
+
+// Called with core.mutex held.
+void log(Core& core, const char* action, const Block* block, int64_t size, Frames frames = nullptr) {
+  if (!g_trace.load()) return;
+  TraceEntry e;
+  e.action = action;
+  e.addr = block ? reinterpret_cast<int64_t>(block->ptr) : 0;
+  e.size = size;
+  e.stream = block ? block->stream : 0;
+  e.time_us = now_us();
+  e.frames = std::move(frames);
+  if (std::string_view(action) == "oom") e.device_free = core_capacity() - core.stats.reserved_bytes[0].current;
+  core.trace.push_back(std::move(e));
+  while (core.trace.size() > g_max_entries.load()) core.trace.pop_front();
+}
 
 std::string format_bytes(int64_t bytes) {
   char buf[64];
@@ -155,6 +195,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   Block* acquire(c10::DeviceIndex device, size_t nbytes) {
     auto& core = core_for(device);
     const size_t size = rounded_size(nbytes);
+    // Before the lock: capturing a Python stack takes the GIL.
+    Frames frames = capture_stack();
+    const c10::StreamId stream = current_stream(device).id();
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
 
@@ -164,9 +207,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       block = it->second;
       core.cached.erase(it);
     } else {
-      block = new_segment(core, device, size, nbytes);
+      block = new_segment(core, device, size, nbytes, stream, frames);
     }
     block->requested = nbytes;
+    block->stream = stream;
+    block->frames = frames;
+    core.active.insert(block);
+    log(core, "alloc", block, static_cast<int64_t>(size), std::move(frames));
     for_stat(s.allocation, size, [](auto& st) { st.increase(1); });
     for_stat(s.active, size, [](auto& st) { st.increase(1); });
     for_stat(s.allocated_bytes, size, [&](auto& st) { st.increase(size); });
@@ -175,7 +222,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     return block;
   }
 
-  Block* new_segment(Core& core, c10::DeviceIndex device, size_t size, size_t nbytes) {
+  Block* new_segment(Core& core, c10::DeviceIndex device, size_t size, size_t nbytes, c10::StreamId stream,
+                     const Frames& frames) {
     auto& s = core.stats;
     const int64_t capacity = core_capacity();
     if (s.reserved_bytes[0].current + static_cast<int64_t>(size) > capacity && !core.cached.empty()) {
@@ -187,6 +235,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (fits) ptr = std::aligned_alloc(kAlignment, size);
     if (ptr == nullptr) {
       s.num_ooms += 1;
+      log(core, "oom", nullptr, static_cast<int64_t>(size), frames);
       const int64_t allocated = s.allocated_bytes[0].current;
       const int64_t reserved = s.reserved_bytes[0].current;
       c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), allocated, reserved,
@@ -206,13 +255,16 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     s.num_device_alloc += 1;
     for_stat(s.segment, size, [](auto& st) { st.increase(1); });
     for_stat(s.reserved_bytes, size, [&](auto& st) { st.increase(size); });
-    return new Block{ptr, size, nbytes, device};
+    auto* block = new Block{ptr, size, nbytes, device, stream, frames};
+    log(core, "segment_alloc", block, static_cast<int64_t>(size), frames);
+    return block;
   }
 
   // Called with core.mutex held.
   static void release_cached(Core& core) {
     auto& s = core.stats;
     for (auto& [size, block] : core.cached) {
+      log(core, "segment_free", block, static_cast<int64_t>(size));
       std::free(block->ptr);
       s.num_device_free += 1;
       for_stat(s.segment, size, [](auto& st) { st.decrease(1); });
@@ -232,11 +284,46 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     for_stat(s.allocated_bytes, size, [&](auto& st) { st.decrease(size); });
     for_stat(s.active_bytes, size, [&](auto& st) { st.decrease(size); });
     for_stat(s.requested_bytes, size, [&](auto& st) { st.decrease(block->requested); });
+    core.active.erase(block);
+    // Launches complete when issued, so a freed block is reusable at once.
+    log(core, "free_requested", block, static_cast<int64_t>(size));
+    log(core, "free_completed", block, static_cast<int64_t>(size));
+    block->frames = nullptr;
     core.cached.emplace(size, block);
   }
 
   static void release_context(void* context);
 
+ public:
+  MemorySnapshot snapshot() {
+    MemorySnapshot snap;
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+      auto& core = cores_[d];
+      std::lock_guard<std::mutex> lock(core.mutex);
+      auto add = [&](const Block* b, bool active) {
+        const auto size = static_cast<int64_t>(b->size);
+        SegmentSnapshot seg{d, reinterpret_cast<int64_t>(b->ptr), size, active ? size : 0, active ? size : 0,
+                            active ? static_cast<int64_t>(b->requested) : 0, b->stream,
+                            b->size <= kSmallBlock ? "small" : "large", {}};
+        seg.blocks.push_back({seg.address, size, seg.requested_size, active ? "active_allocated" : "inactive",
+                              active ? b->frames : nullptr});
+        snap.segments.push_back(std::move(seg));
+      };
+      for (const Block* b : core.active) add(b, true);
+      for (const auto& [size, b] : core.cached) add(b, false);
+      snap.device_traces.emplace_back(core.trace.begin(), core.trace.end());
+    }
+    return snap;
+  }
+
+  void clear_history() {
+    for (auto& core : cores_) {
+      std::lock_guard<std::mutex> lock(core.mutex);
+      core.trace.clear();
+    }
+  }
+
+ private:
   std::array<Core, 64> cores_;
 };
 
@@ -246,6 +333,18 @@ NeuronAllocator* g_allocator = new NeuronAllocator();
 void NeuronAllocator::release_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
 
 }  // namespace
+
+void set_stack_capturer(StackCapturer capturer) { g_capturer = capturer; }
+
+void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_entries, bool clear) {
+  g_max_entries = max_entries;
+  g_stacks = enabled && stacks;
+  g_trace = enabled && trace;
+  g_history = enabled;
+  if (clear) g_allocator->clear_history();
+}
+
+MemorySnapshot memory_snapshot() { return g_allocator->snapshot(); }
 
 size_t rounded_size(size_t nbytes) { return (nbytes + kGranularity - 1) / kGranularity * kGranularity; }
 

@@ -10,6 +10,99 @@
 
 namespace py = pybind11;
 
+namespace {
+
+// The Python stack of the calling thread, innermost frame first (as CUDA's
+// snapshots list them). Takes the GIL; the allocator calls it outside its locks.
+neuron::Frames capture_python_stack() {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return nullptr;
+  py::gil_scoped_acquire gil;
+  auto frames = std::make_shared<std::vector<neuron::Frame>>();
+  PyFrameObject* frame = PyEval_GetFrame();
+  Py_XINCREF(frame);
+  for (int depth = 0; frame != nullptr && depth < 64; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    const char* filename = PyUnicode_AsUTF8(code->co_filename);
+    const char* name = PyUnicode_AsUTF8(code->co_name);
+    frames->push_back({filename ? filename : "?", PyFrame_GetLineNumber(frame), name ? name : "?"});
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  PyErr_Clear();
+  return frames;
+}
+
+py::list frames_to_list(const neuron::Frames& frames) {
+  py::list out;
+  if (!frames) return out;
+  for (const auto& f : *frames) {
+    py::dict d;
+    d["filename"] = f.filename;
+    d["line"] = f.line;
+    d["name"] = f.name;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict snapshot_to_dict(const neuron::MemorySnapshot& snap) {
+  py::list segments;
+  for (const auto& seg : snap.segments) {
+    py::list blocks;
+    for (const auto& b : seg.blocks) {
+      py::dict block;
+      block["address"] = b.address;
+      block["size"] = b.size;
+      block["requested_size"] = b.requested_size;
+      block["state"] = b.state;
+      block["frames"] = frames_to_list(b.frames);
+      blocks.append(block);
+    }
+    py::dict d;
+    d["device"] = seg.device;
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["allocated_size"] = seg.allocated_size;
+    d["active_size"] = seg.active_size;
+    d["requested_size"] = seg.requested_size;
+    d["stream"] = seg.stream;
+    d["segment_type"] = seg.segment_type;
+    d["segment_pool_id"] = py::make_tuple(0, 0);
+    d["is_expandable"] = false;
+    d["frames"] = py::list();
+    d["blocks"] = blocks;
+    segments.append(d);
+  }
+  py::list traces;
+  for (const auto& device_trace : snap.device_traces) {
+    py::list entries;
+    for (const auto& e : device_trace) {
+      py::dict d;
+      d["action"] = e.action;
+      if (e.action != "oom") d["addr"] = e.addr;
+      d["size"] = e.size;
+      d["stream"] = e.stream;
+      d["time_us"] = e.time_us;
+      if (e.action == "oom") d["device_free"] = e.device_free;
+      d["frames"] = frames_to_list(e.frames);
+      entries.append(d);
+    }
+    traces.append(entries);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  py::dict settings;
+  settings["PYTORCH_NEURON_ALLOC_CONF"] = "rounding to 512 bytes, exact-size block reuse, no splitting";
+  out["allocator_settings"] = settings;
+  return out;
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
@@ -49,6 +142,24 @@ PYBIND11_MODULE(_C, m) {
         return a.elapsedTime(b);
       },
       py::arg("start"), py::arg("end"), "Milliseconds between two recorded timing events.");
+  m.def(
+      "record_memory_history",
+      [](bool enabled, bool trace, bool stacks, size_t max_entries, bool clear) {
+        neuron::set_stack_capturer(&capture_python_stack);
+        neuron::record_memory_history(enabled, trace, stacks, max_entries, clear);
+      },
+      py::arg("enabled"), py::arg("trace"), py::arg("stacks"), py::arg("max_entries"), py::arg("clear"));
+  m.def(
+      "memory_snapshot",
+      []() {
+        neuron::MemorySnapshot snap;
+        {
+          py::gil_scoped_release no_gil;  // allocations on other threads may need the GIL
+          snap = neuron::memory_snapshot();
+        }
+        return snapshot_to_dict(snap);
+      },
+      "The allocator's segments, blocks and history, as torch.cuda.memory._snapshot() returns them.");
   m.def("counters", []() {
     auto& c = neuron::op_counters();
     py::dict d;

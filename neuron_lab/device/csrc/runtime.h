@@ -69,6 +69,46 @@ c10::DeviceAllocator* allocator();
 // Bytes a request of `nbytes` occupies (rounded up to the block granularity).
 size_t rounded_size(size_t nbytes);
 
+// Memory history, in the shape of torch.cuda.memory._snapshot() so that
+// PyTorch's memory visualizer (torch.cuda._memory_viz) renders it.
+struct Frame {
+  std::string filename;
+  int line;
+  std::string name;
+};
+using Frames = std::shared_ptr<const std::vector<Frame>>;
+// Captures the caller's Python stack; installed by the bindings (no Python here).
+using StackCapturer = Frames (*)();
+void set_stack_capturer(StackCapturer capturer);
+
+struct TraceEntry {
+  std::string action;  // alloc, free_requested, free_completed, segment_alloc, segment_free, oom
+  int64_t addr = 0;
+  int64_t size = 0;
+  int64_t stream = 0;
+  int64_t time_us = 0;
+  int64_t device_free = 0;  // oom only
+  Frames frames;
+};
+struct BlockSnapshot {
+  int64_t address, size, requested_size;
+  std::string state;  // active_allocated or inactive
+  Frames frames;
+};
+struct SegmentSnapshot {
+  int device;
+  int64_t address, total_size, allocated_size, active_size, requested_size, stream;
+  std::string segment_type;  // small or large
+  std::vector<BlockSnapshot> blocks;
+};
+struct MemorySnapshot {
+  std::vector<SegmentSnapshot> segments;
+  std::vector<std::vector<TraceEntry>> device_traces;  // one list per core
+};
+// enabled: block stacks are kept; trace: every allocator action is logged too.
+void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_entries, bool clear);
+MemorySnapshot memory_snapshot();
+
 // ---- random numbers (generator.cpp) ----------------------------------------
 const at::Generator& default_generator(c10::DeviceIndex index);
 at::Generator new_generator(c10::DeviceIndex index);
