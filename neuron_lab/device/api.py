@@ -67,6 +67,7 @@ __all__ = [
     "memory", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "memory_cached", "max_memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
     "reset_accumulated_memory_stats", "memory_stats", "memory_summary", "mem_get_info", "empty_cache",
+    "get_amp_supported_dtype",
 ]
 
 
@@ -81,6 +82,13 @@ def __getattr__(name: str):
 def is_built() -> bool:
     """The native runtime is part of every neuron_lab install."""
     return True
+
+
+def get_amp_supported_dtype() -> list:
+    """Low-precision dtypes torch.autocast may use on neuron (asked by torch.amp and checkpointing)."""
+    import torch
+
+    return [torch.bfloat16, torch.float16]
 
 
 def _is_in_bad_fork() -> bool:
