@@ -437,6 +437,25 @@ def _summary(sample: Any) -> str:
         return repr(sample)[:300]
 
 
+def _run_pair(cpu_call, dev_call) -> tuple:
+    """Runs the CPU reference, then the device call.
+
+    Returns ``(cpu_result, cpu_exception, device_result, device_exception, device_traceback)``.
+    """
+    cpu_out = dev_out = cpu_exc = dev_exc = None
+    dev_tb = ""
+    try:
+        cpu_out = cpu_call()
+    except Exception as e:
+        cpu_exc = e
+    try:
+        dev_out = dev_call()
+    except Exception as e:
+        dev_exc = e
+        dev_tb = traceback.format_exc()
+    return cpu_out, cpu_exc, dev_out, dev_exc, dev_tb
+
+
 def _seeded(fn, *args, **kwargs):
     import torch
 
@@ -489,17 +508,10 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             continue
         run += 1
         cpu = move_sample(sample, "cpu")
-        cpu_exc = dev_exc = None
-        cpu_out = dev_out = None
-        try:
-            cpu_out = _seeded(op, cpu.input, *cpu.args, **cpu.kwargs)
-        except Exception as e:
-            cpu_exc = e
-        try:
-            dev_out = _seeded(op, dev.input, *dev.args, **dev.kwargs)
-        except Exception as e:
-            dev_exc = e
-            dev_tb = traceback.format_exc()
+        cpu_out, cpu_exc, dev_out, dev_exc, dev_tb = _run_pair(
+            lambda: _seeded(op, cpu.input, *cpu.args, **cpu.kwargs),
+            lambda: _seeded(op, dev.input, *dev.args, **dev.kwargs),
+        )
         if cpu_exc is not None:
             count("forward_cpu_raised")
             if dev_exc is None:
@@ -538,16 +550,10 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
                          f"{len(dev_roots)} differentiable outputs / {len(dev_leaves)} leaves on {DEVICE}, "
                          f"{len(cpu_roots)} / {len(cpu_leaves)} on cpu")
                     continue
-                cpu_exc = dev_exc = None
-                try:
-                    cpu_grads = _seeded(torch.autograd.grad, _loss(cpu_roots), cpu_leaves, allow_unused=True)
-                except Exception as e:
-                    cpu_exc = e
-                try:
-                    dev_grads = _seeded(torch.autograd.grad, _loss(dev_roots), dev_leaves, allow_unused=True)
-                except Exception as e:
-                    dev_exc = e
-                    dev_tb = traceback.format_exc()
+                cpu_grads, cpu_exc, dev_grads, dev_exc, dev_tb = _run_pair(
+                    lambda: _seeded(torch.autograd.grad, _loss(cpu_roots), cpu_leaves, allow_unused=True),
+                    lambda: _seeded(torch.autograd.grad, _loss(dev_roots), dev_leaves, allow_unused=True),
+                )
                 count("backward")
                 if cpu_exc is not None:
                     count("backward_cpu_raised")
