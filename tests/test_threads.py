@@ -84,3 +84,26 @@ def test_allocator_statistics_stay_exact_under_threads() -> None:
 
     run_in_threads(churn, 4)
     assert torch.neuron.memory_allocated(0) == base  # every block came back
+
+
+def test_synchronize_and_events_while_another_thread_computes() -> None:
+    stop = threading.Event()
+
+    def compute() -> None:
+        x = torch.randn(128, 128, device="neuron:0")
+        while not stop.is_set():
+            x = torch.tanh(x @ x)
+
+    worker = threading.Thread(target=compute)
+    worker.start()
+    try:
+        for _ in range(200):
+            torch.neuron.synchronize(0)
+            e = torch.neuron.Event(enable_timing=True)
+            e.record()
+            e.synchronize()
+            torch.neuron.default_stream(0).synchronize()
+            assert e.query()
+    finally:
+        stop.set()
+        worker.join(timeout=60)

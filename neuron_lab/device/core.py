@@ -22,10 +22,8 @@ __all__ = [
     "get_device_capability",
     "synchronize",
     "is_bf16_supported",
-    "DeviceLike",
 ]
 
-DeviceLike = "int | str | torch.device | None"
 DEVICE_NAME = "NeuronCore-v2 (emulated)"
 
 

@@ -15,6 +15,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 namespace neuron {
 namespace {
@@ -141,10 +142,16 @@ c10::Stream exchange_stream(c10::Stream stream) {
   return previous;
 }
 
+// Waits until the stream has completed every launch enqueued before the call.
+// Launches run on the threads that issue them, so a wait is only ever for a
+// launch another thread is still running.
+static void wait_for(const StreamStats& stats, uint64_t target) {
+  while (stats.completed.load(std::memory_order_acquire) < target) std::this_thread::yield();
+}
+
 void synchronize_stream(c10::Stream stream) {
-  // Launches complete before their LaunchScope ends: nothing is ever pending.
   auto& stats = stream_stats(stream);
-  TORCH_INTERNAL_ASSERT(stats.completed.load() == stats.enqueued.load());
+  wait_for(stats, stats.enqueued.load(std::memory_order_acquire));
 }
 
 void synchronize_device(c10::DeviceIndex index) {
@@ -156,7 +163,7 @@ LaunchScope::LaunchScope(c10::DeviceIndex device) : stats_(&stream_stats(current
   stats_->enqueued.fetch_add(1, std::memory_order_relaxed);
 }
 
-LaunchScope::~LaunchScope() { stats_->completed.fetch_add(1, std::memory_order_relaxed); }
+LaunchScope::~LaunchScope() { stats_->completed.fetch_add(1, std::memory_order_release); }
 
 // ---- events -------------------------------------------------------------------
 
@@ -221,18 +228,21 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       ev->timing = (flag == c10::EventFlag::BACKEND_DEFAULT);
       *event = ev;
     }
+    auto& stats = stream_stats(stream);
     ev->stream = stream;
-    ev->target = stream_stats(stream).enqueued.load();
+    ev->target = stats.enqueued.load(std::memory_order_acquire);
     ev->recorded = true;
-    ev->time_ns = now_ns();  // the stream is drained: its work ends now
+    wait_for(stats, ev->target);  // the event's work ends now (or when another thread's launch does)
+    ev->time_ns = now_ns();
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     auto* ev = static_cast<Event*>(event);
     if (ev == nullptr || !ev->recorded) return;  // CUDA semantics: no-op
-    stream_stats(stream);                        // validates the waiting stream
-    // In-order synchronous execution: the event's work has already completed.
-    TORCH_INTERNAL_ASSERT(ev->completed());
+    stream_stats(stream);  // validates the waiting stream
+    // Launches run when issued: the waiting stream's next launch may start once
+    // the event's work is done.
+    wait_for(stream_stats(ev->stream), ev->target);
   }
 
   bool queryEvent(void* event) const override {
@@ -242,7 +252,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeEvent(void* event) const override {
     auto* ev = static_cast<Event*>(event);
-    if (ev != nullptr) TORCH_INTERNAL_ASSERT(ev->completed());
+    if (ev != nullptr && ev->recorded) wait_for(stream_stats(ev->stream), ev->target);
   }
 
   void destroyEvent(void* event, c10::DeviceIndex /*device_index*/) const noexcept override {
