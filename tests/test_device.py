@@ -168,3 +168,13 @@ def test_import_neuron_lab_before_torch() -> None:
     result = run_python("import neuron_lab, torch; print(torch.ones(1, device='neuron').device)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "neuron:0"
+
+
+def test_a_device_that_cannot_load_never_breaks_import_torch() -> None:
+    result = run_python(
+        "import torch; print(torch.ones(1).item())",
+        env={"NEURON_LAB_NUM_CORES": "lots"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1.0"
+    assert "the neuron device was not loaded" in result.stderr and "NEURON_LAB_NUM_CORES" in result.stderr

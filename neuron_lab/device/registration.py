@@ -20,6 +20,19 @@ def is_registered() -> bool:
     return _registered
 
 
+def _load_extension():
+    """Loading the extension registers the allocator, guard, hooks and kernels."""
+    try:
+        from neuron_lab.device import _C
+    except ImportError as e:
+        raise ImportError(
+            "neuron_lab's native runtime (neuron_lab.device._C) is not built, or was built for "
+            f"another torch ({e}). Build it with `bash scripts/setup.sh` from the neuron_lab "
+            "checkout (or `pip install --no-build-isolation -e .`)."
+        ) from e
+    return _C
+
+
 def register() -> None:
     """Makes the ``neuron`` device available to PyTorch. Safe to call more than once."""
     global _registered
@@ -31,8 +44,7 @@ def register() -> None:
 
         if _registered:  # torch's autoload registered the device while importing
             return
-        # Loading the extension registers the allocator, guard, hooks and kernels.
-        from neuron_lab.device import _C
+        _C = _load_extension()
 
         _C.configure(settings.num_cores, settings.core_memory)
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
