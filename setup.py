@@ -22,9 +22,9 @@ EXTENSION = CppExtension(
     extra_compile_args=["-O2", "-g0", "-Wno-unused-parameter"],
 )
 
-# scripts/setup.sh builds the extension in place (incrementally, in build/) while
-# the dependencies install, then installs the package in editable mode with
-# NEURON_LAB_SKIP_EXTENSION=1 so that the extension is not compiled twice.
+# scripts/setup.sh installs the package in editable mode with
+# NEURON_LAB_SKIP_EXTENSION=1, then builds the extension in place (incrementally,
+# objects kept in build/), so that it is not compiled twice.
 setup(
     ext_modules=[] if os.environ.get("NEURON_LAB_SKIP_EXTENSION") == "1" else [EXTENSION],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

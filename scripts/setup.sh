@@ -29,16 +29,15 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     || "${PIP[@]}" install "$TORCH_PIN" setuptools wheel ninja
 fi
 
-# The C++ extension compiles in place (incrementally, objects kept in build/) while
-# the other dependencies install; the editable install then skips compiling it again.
-"$VENV/bin/python" setup.py -q build_ext --inplace > build/extension.log 2>&1 &
-build_pid=$!
-export NEURON_LAB_SKIP_EXTENSION=1
-if ! "${UV[@]}" --no-build-isolation -e ".[test]"; then
+# The package and its other dependencies, in editable mode; NEURON_LAB_SKIP_EXTENSION
+# keeps this step from compiling the extension, which is built next, in place, so that
+# a rerun recompiles only what changed (objects stay in build/). Sequential on purpose:
+# the build imports torch and numpy, which must not be half-installed at that moment.
+if ! NEURON_LAB_SKIP_EXTENSION=1 "${UV[@]}" --no-build-isolation -e ".[test]"; then
   echo "setup: uv could not install the package; falling back to pip" >&2
-  "${PIP[@]}" install --no-build-isolation -e ".[test]"
+  NEURON_LAB_SKIP_EXTENSION=1 "${PIP[@]}" install --no-build-isolation -e ".[test]"
 fi
-if ! wait "$build_pid"; then
+if ! "$VENV/bin/python" setup.py -q build_ext --inplace > build/extension.log 2>&1; then
   cat build/extension.log >&2
   echo "setup: building the C++ extension failed (log above)" >&2
   exit 1
