@@ -18,7 +18,6 @@
 #include <torch/library.h>
 
 #include <cstring>
-#include <sstream>
 
 namespace neuron {
 
@@ -109,7 +108,6 @@ class Call {
   void note_device(c10::Device d, const c10::Argument& arg) {
     if (!device_.has_value()) {
       device_ = d;
-      device_arg_ = arg.name();
     } else if (*device_ != d && mismatch_.empty()) {
       mismatch_ = arg.name();
       mismatch_device_ = d;
@@ -192,7 +190,6 @@ class Call {
   const c10::OperatorHandle& op_;
   c10::SmallVector<Aliased, 8> aliased_;
   std::optional<c10::Device> device_;
-  std::string device_arg_;
   std::string mismatch_;
   c10::Device mismatch_device_{c10::kCPU};
   std::optional<c10::DeviceIndex> explicit_device_;
