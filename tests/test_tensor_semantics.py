@@ -80,7 +80,7 @@ def test_sparse_is_refused_with_a_hint() -> None:
     with pytest.raises(NotImplementedError, match=r"aten::_to_sparse.*\.cpu\(\)"):
         torch.ones(2, 2, device="neuron").to_sparse()
     with pytest.raises(NotImplementedError, match="strided"):
-        torch.sparse_coo_tensor([[0]], [1.0], (2,), device="neuron")
+        torch.sparse_coo_tensor([[0]], [1.0], (2,), device="neuron", check_invariants=True)
 
 
 def test_convolution_forward_and_backward_match_cpu() -> None:
