@@ -1,10 +1,11 @@
 // Configuration, current device, streams, events and the device guard.
 //
 // Execution is synchronous in this layer: a launch runs to completion on the
-// caller's thread, so every stream is always drained. The stream and event
-// bookkeeping (launch counters, event targets, timestamps) is nevertheless the
-// real one: an event completes when its stream has completed the launches that
-// were enqueued before it was recorded.
+// thread that issues it, so a stream holds no queued work, only launches that
+// other threads are running at that moment. The stream and event bookkeeping
+// (launch counters, event targets, timestamps) is nevertheless the real one: an
+// event completes when its stream has completed the launches enqueued before it
+// was recorded, and synchronize/wait calls wait for exactly those.
 #include "runtime.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
