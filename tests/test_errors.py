@@ -72,3 +72,36 @@ def test_error_paths_never_crash_the_process() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[0.0, 1.0, 2.0, 3.0]"
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda x: x.resize_(-1),
+        lambda x: x.resize_(2**62),
+        lambda x: x.resize_(2**33),  # 32 GiB: more than a core holds
+        lambda x: x.resize_(3, memory_format=torch.channels_last),
+        lambda x: torch.empty(0, device="neuron").set_(x.untyped_storage(), 2**40, (4,), (1,)),
+        lambda x: torch.empty(0, device="neuron").set_(x.untyped_storage(), -5, (4,), (1,)),
+    ],
+    ids=["negative", "overflow", "oom", "bad-memory-format", "set-oom", "set-negative-offset"],
+)
+def test_failed_resize_or_set_leaves_the_tensor_as_it_was(mutate) -> None:
+    x = torch.arange(4.0, device="neuron")
+    with pytest.raises((RuntimeError, torch.OutOfMemoryError)):
+        mutate(x)
+    assert x.shape == (4,) and x.stride() == (1,)
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_resize_keeps_data_and_supports_memory_formats() -> None:
+    x = torch.arange(6.0, device="neuron")
+    x.resize_(2, 3)
+    assert x.cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    y = torch.empty(0, device="neuron").resize_(2, 3, 4, 5, memory_format=torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    z = torch.empty(2, 3, device="neuron")
+    strides = z.t().stride()
+    w = z.t()
+    w.resize_(3, 2)  # same sizes, no format: strides kept, as on the CPU
+    assert w.stride() == strides

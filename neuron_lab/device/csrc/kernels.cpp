@@ -16,6 +16,9 @@
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -123,19 +126,47 @@ at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::
 
 // ---- resizing and storage swaps ---------------------------------------------------
 
+void check_sizes(c10::IntArrayRef sizes) {
+  for (auto d : sizes) {
+    TORCH_CHECK(d >= 0, "Trying to create tensor with negative dimension ", d, ": ", sizes);
+  }
+}
+
+// Strides for `sizes` laid out in `memory_format` (throws for a rank that does not fit).
+std::vector<int64_t> strides_for(c10::IntArrayRef sizes, c10::MemoryFormat memory_format) {
+  switch (memory_format) {
+    case c10::MemoryFormat::Contiguous: {
+      auto strides = c10::contiguous_strides(sizes);
+      return {strides.begin(), strides.end()};
+    }
+    case c10::MemoryFormat::ChannelsLast:
+      TORCH_CHECK(sizes.size() == 4, "required rank 4 tensor to use channels_last format");
+      return c10::get_channels_last_strides_2d(sizes);
+    case c10::MemoryFormat::ChannelsLast3d:
+      TORCH_CHECK(sizes.size() == 5, "required rank 5 tensor to use channels_last_3d format");
+      return c10::get_channels_last_strides_3d(sizes);
+    default:
+      TORCH_CHECK(false, "neuron: unsupported memory format for resize_: ", memory_format);
+  }
+}
+
+// Every check, and the storage growth (which may raise OutOfMemoryError), comes
+// before the tensor's metadata changes: a failed call leaves the tensor as it was.
+void grow_storage_for(const c10::Storage& storage, c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                      size_t itemsize, int64_t offset) {
+  TORCH_CHECK(offset >= 0, "Tensor: invalid storage offset ", offset);
+  const size_t needed = at::detail::computeStorageNbytes(sizes, strides, itemsize, offset);
+  if (c10::multiply_integers(sizes) > 0 && needed > storage.nbytes()) resize_storage_bytes(storage, needed);
+}
+
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
-  auto* impl = self.unsafeGetTensorImpl();
-  if (self.sizes() != sizes) impl->set_sizes_contiguous(sizes);
-  if (memory_format.has_value()) {
-    TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
-                "neuron: unsupported memory format for resize_: ", *memory_format);
-    impl->empty_tensor_restride(*memory_format);
-  }
-  const size_t needed = at::detail::computeStorageNbytes(sizes, self.strides(), self.dtype().itemsize(),
-                                                         self.storage_offset());
-  if (self.numel() > 0 && needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  check_sizes(sizes);
+  if (self.sizes() == sizes && !memory_format.has_value()) return self;  // as on the CPU: strides kept
+  const auto strides = strides_for(sizes, memory_format.value_or(c10::MemoryFormat::Contiguous));
+  grow_storage_for(self.storage(), sizes, strides, self.dtype().itemsize(), self.storage_offset());
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
   return self;
 }
 
@@ -144,18 +175,17 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt stora
   TORCH_CHECK(source.device_type() == kNeuron, "neuron: set_() needs a neuron storage, got one on ",
               source.device());
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
-  auto offset = storage_offset.expect_int();
+  check_sizes(sizes);
+  const auto offset = storage_offset.expect_int();
+  const std::vector<int64_t> strides =
+      stride.empty() ? strides_for(sizes, c10::MemoryFormat::Contiguous)
+                     : std::vector<int64_t>(C10_AS_INTARRAYREF_SLOW(stride).begin(),
+                                            C10_AS_INTARRAYREF_SLOW(stride).end());
+  TORCH_CHECK(strides.size() == sizes.size(), "set_: ", sizes.size(), " sizes but ", strides.size(), " strides");
+  grow_storage_for(source, sizes, strides, self.dtype().itemsize(), offset);
   auto* impl = self.unsafeGetTensorImpl();
   if (!impl->storage().is_alias_of(source)) impl->set_storage_keep_dtype(std::move(source));
-  if (stride.empty()) {
-    impl->set_sizes_contiguous(sizes);
-    impl->set_storage_offset(offset);
-  } else {
-    impl->set_sizes_and_strides(sizes, C10_AS_INTARRAYREF_SLOW(stride), offset);
-  }
-  const size_t needed =
-      at::detail::computeStorageNbytes(sizes, self.strides(), self.dtype().itemsize(), offset);
-  if (self.numel() > 0 && needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  impl->set_sizes_and_strides(sizes, strides, offset);
   return self;
 }
 
