@@ -42,13 +42,15 @@ def test_snapshot_names_who_allocated_each_block(history) -> None:
 
 def test_trace_records_every_allocator_action(history) -> None:
     torch.neuron.empty_cache()
+    # Earlier blocks freed just now may have had the address the next one gets.
+    start = len(torch.neuron.memory._snapshot()["device_traces"][1])
     x = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron:1")
     address = x.data_ptr()
     del x
     torch.neuron.empty_cache()
     with pytest.raises(torch.OutOfMemoryError):
         torch.empty(2**40, dtype=torch.uint8, device="neuron:1")
-    trace = torch.neuron.memory._snapshot()["device_traces"][1]
+    trace = torch.neuron.memory._snapshot()["device_traces"][1][start:]
     mine = [(e["action"], e["size"]) for e in trace if e.get("addr") == address]
     assert mine == [
         ("segment_alloc", 3 * MiB),
