@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -16,6 +17,17 @@ import neuron_lab  # noqa: F401  (registers the device)
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def no_stray_frees():
+    """Exact memory statistics need every free to be the test's own: collect earlier
+    tests' garbage (tensors kept alive by reference cycles, e.g. in saved tracebacks)
+    first, and let no collection run midway."""
+    gc.collect()
+    gc.disable()
+    yield
+    gc.enable()
 
 
 def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

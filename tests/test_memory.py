@@ -9,6 +9,8 @@ from conftest import run_python
 
 MiB = 2**20
 
+pytestmark = pytest.mark.usefixtures("no_stray_frees")
+
 
 def test_allocated_bytes_are_exact() -> None:
     torch.neuron.empty_cache()
