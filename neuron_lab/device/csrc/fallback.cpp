@@ -51,6 +51,10 @@ at::Tensor host_alias_sharing(const at::Tensor& t, c10::Storage host_storage) {
 
 at::Tensor host_alias(const at::Tensor& t) { return host_alias_sharing(t, host_storage_of(t.storage())); }
 
+at::Tensor host_view(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron ? host_alias(t) : t;
+}
+
 at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
   if (!cpu_tensor.defined() || cpu_tensor.device().type() == kNeuron) return cpu_tensor;
   const auto src = cpu_tensor.resolve_conj().resolve_neg();

@@ -71,8 +71,6 @@ at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<c10::Sc
   return out.zero_();
 }
 
-at::Tensor host_view(const at::Tensor& t) { return t.device().type() == kNeuron ? host_alias(t) : t; }
-
 // dst.copy_(src) where either side is a neuron tensor: one launch on dst's core
 // (or src's, when dst is on the host).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {

@@ -12,8 +12,8 @@
 namespace neuron {
 namespace {
 
-at::Tensor host(const at::Tensor& t) { return t.defined() ? host_alias(t) : t; }
-at::Tensor host(const std::optional<at::Tensor>& t) { return t.has_value() ? host(*t) : at::Tensor(); }
+at::Tensor host(const at::Tensor& t) { return host_view(t); }
+at::Tensor host(const std::optional<at::Tensor>& t) { return t.has_value() ? host_view(*t) : at::Tensor(); }
 bool defined(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // Returns (hy, cy, workspace); workspace holds the activated gates [i, f, g, o].

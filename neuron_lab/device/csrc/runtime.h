@@ -118,6 +118,8 @@ at::Generator host_generator(const at::Generator& neuron_generator);
 // ---- tensors (fallback.cpp) ------------------------------------------------
 // A CPU tensor viewing the same host memory as a neuron tensor (no copy).
 at::Tensor host_alias(const at::Tensor& neuron_tensor);
+// host_alias for neuron tensors; CPU and undefined tensors pass through as they are.
+at::Tensor host_view(const at::Tensor& t);
 // The same, over a given host storage: aliases of one neuron storage must share
 // one host storage for CPU kernels to detect overlap between them.
 at::Tensor host_alias_sharing(const at::Tensor& neuron_tensor, c10::Storage host_storage);
