@@ -14,11 +14,12 @@ os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
-CSRC = Path("neuron_lab/device/csrc")
+# The device runtime and the adaptive-eager recorder build into one extension.
+CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc")]
 
 EXTENSION = CppExtension(
     name="neuron_lab.device._C",
-    sources=sorted(str(p) for p in CSRC.glob("*.cpp")),
+    sources=sorted(str(p) for d in CSRC_DIRS for p in d.glob("*.cpp")),
     extra_compile_args=["-O2", "-g0", "-Wno-unused-parameter"],
 )
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from neuron_lab.device import register as _register
 
-__all__ = ["__version__"]
-__version__ = "0.1.0"
-
 _register()
+
+from neuron_lab.adaptive_eager import configure, get_mode, mode, set_mode  # noqa: E402
+
+__all__ = ["__version__", "set_mode", "get_mode", "mode", "configure"]
+__version__ = "0.1.0"

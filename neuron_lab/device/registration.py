@@ -56,3 +56,7 @@ def register() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
         _registered = True
+
+        from neuron_lab import adaptive_eager
+
+        adaptive_eager.start()

@@ -123,19 +123,22 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
-    if (data_ptr.get() == nullptr) return;
+    if (data_ptr.get() == nullptr || is_pending(data_ptr)) return;
     TORCH_CHECK(data_ptr.get_deleter() == &NeuronAllocator::release_context,
                 "record_stream: this memory was not allocated by the neuron allocator");
     auto* block = static_cast<Block*>(data_ptr.get_context());
     TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == block->device,
                 "record_stream: the tensor is on neuron:", int(block->device),
                 " but the stream is on ", stream.device());
-    // Launches run to completion when issued, so the block is idle whenever it
-    // is freed and may be reused at once; the stream is validated all the same.
-    stream_stats(stream);
+    // A launch holds the tensors it uses until the device has executed it, so a
+    // block is idle whenever it is freed and may be reused at once; the stream
+    // is validated all the same.
+    stream_state(stream);
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    // Statistics describe executed work: pending launches finish first.
+    if (!on_device_thread()) synchronize_device(device, "memory statistics");
     auto& core = core_for(device);
     std::lock_guard<std::mutex> lock(core.mutex);
     return core.stats;

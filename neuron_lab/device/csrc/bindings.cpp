@@ -10,6 +10,10 @@
 
 namespace py = pybind11;
 
+namespace neuron::lazy {
+void register_bindings(py::module& m);  // neuron_lab/adaptive_eager/csrc/python.cpp
+}
+
 namespace {
 
 // The Python stack of the calling thread, innermost frame first (as CUDA's
@@ -105,6 +109,8 @@ py::dict snapshot_to_dict(const neuron::MemorySnapshot& snap) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
+  auto adaptive = m.def_submodule("adaptive", "The adaptive-eager recorder (neuron_lab.adaptive_eager).");
+  neuron::lazy::register_bindings(adaptive);
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
         "Sets the number of emulated cores and the memory capacity of each.");
   m.def("device_count", []() { return static_cast<int>(neuron::device_count()); });
@@ -124,10 +130,10 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "stream_launches",
       [](int device, int64_t stream_id) {
-        auto& stats = neuron::stream_stats(
+        auto& s = neuron::stream_state(
             c10::Stream(c10::Stream::UNSAFE, c10::Device(neuron::kNeuron, static_cast<c10::DeviceIndex>(device)),
                         stream_id));
-        return py::make_tuple(stats.enqueued.load(), stats.completed.load());
+        return py::make_tuple(neuron::stream_enqueued(s), neuron::stream_completed(s));
       },
       py::arg("device"), py::arg("stream_id"), "(enqueued, completed) launches of one stream.");
   m.def(

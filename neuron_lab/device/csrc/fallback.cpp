@@ -7,6 +7,7 @@
 // argument's memory becomes a neuron view of it. Only fresh results are copied
 // into device memory, so the allocator accounts for every byte.
 #include "runtime.h"
+#include "../../adaptive_eager/csrc/adaptive_eager.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -32,6 +33,7 @@ namespace {
 // allocator so that out= kernels may resize their output; the fallback then
 // moves the new bytes into device memory.
 c10::Storage host_storage_of(const c10::Storage& storage) {
+  materialize(storage);  // a pending result gets its memory before anyone touches it
   void* data = const_cast<void*>(storage.data());
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
                       c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
@@ -240,9 +242,28 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::CPU), schema.operator_name(),
                               " has no kernel for the neuron device, nor a CPU kernel to run it with. "
                               "Run it on the CPU: move its inputs there with .cpu().");
+  // Adaptive and eager modes: recorded, launched later on the current stream.
+  if (lazy::try_record(op, stack)) return;
   const auto& args = schema.arguments();
   const size_t num_args = args.size();
   const size_t begin = stack->size() - num_args;
+  // Otherwise the op runs here, now: first every launch using its memory finishes.
+  {
+    std::vector<at::Tensor> touched;
+    for (size_t i = 0; i < num_args; ++i) {
+      const auto& value = (*stack)[begin + i];
+      if (value.isTensor()) {
+        touched.push_back(value.toTensor());
+      } else if (value.isTensorList()) {
+        for (const at::Tensor& t : value.toTensorList()) touched.push_back(t);
+      } else if (value.isList()) {
+        for (const c10::IValue& v : value.toList()) {
+          if (v.isTensor()) touched.push_back(v.toTensor());
+        }
+      }
+    }
+    sync_tensors(touched, schema.operator_name().name);
+  }
   Call call(op);
 
   for (size_t i = 0; i < num_args; ++i) {
@@ -285,7 +306,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
-    LaunchScope launch(device);
+    LaunchScope launch(device, /*synced=*/true);
     if (draws_from_default_generator(schema)) {
       run_with_device_generator(op, stack, device);
     } else {

@@ -22,13 +22,31 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
       : c10::GeneratorImpl(c10::Device(kNeuron, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         host_(std::move(host)) {}
 
-  void set_current_seed(uint64_t seed) override { host_.set_current_seed(seed); }
-  void set_offset(uint64_t offset) override { host_.set_offset(offset); }
-  uint64_t get_offset() const override { return host_.get_offset(); }
+  // Recorded random ops draw when the device executes them: reading or
+  // changing the state first lets every op recorded before draw as in eager.
+  void set_current_seed(uint64_t seed) override {
+    settle();
+    host_.set_current_seed(seed);
+  }
+  void set_offset(uint64_t offset) override {
+    settle();
+    host_.set_offset(offset);
+  }
+  uint64_t get_offset() const override {
+    settle();
+    return host_.get_offset();
+  }
   uint64_t current_seed() const override { return host_.current_seed(); }
-  uint64_t seed() override { return host_.seed(); }
-  void set_state(const c10::TensorImpl& new_state) override { host_.unsafeGetGeneratorImpl()->set_state(new_state); }
+  uint64_t seed() override {
+    settle();
+    return host_.seed();
+  }
+  void set_state(const c10::TensorImpl& new_state) override {
+    settle();
+    host_.unsafeGetGeneratorImpl()->set_state(new_state);
+  }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    settle();
     return host_.unsafeGetGeneratorImpl()->get_state();
   }
   static c10::DeviceType device_type() { return kNeuron; }
@@ -38,6 +56,10 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  private:
   NeuronGeneratorImpl* clone_impl() const override {
     return new NeuronGeneratorImpl(device().index(), host_.clone());
+  }
+
+  static void settle() {
+    if (!on_device_thread() && !in_bad_fork()) synchronize_all("random state");
   }
 
   at::Generator host_;

@@ -3,6 +3,7 @@
 // storage swaps, and the two convolution entry points PyTorch reserves for
 // out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
 #include "runtime.h"
+#include "../../adaptive_eager/csrc/adaptive_eager.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
@@ -28,6 +29,9 @@ namespace {
 
 const c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
 
+void check_sizes(c10::IntArrayRef sizes);
+std::vector<int64_t> strides_for(c10::IntArrayRef sizes, c10::MemoryFormat memory_format);
+
 c10::DeviceIndex target_device(std::optional<c10::Device> device) {
   if (!device.has_value() || !device->has_index()) return current_device();
   TORCH_CHECK(device->type() == kNeuron, "neuron: expected a neuron device, got ", *device);
@@ -48,7 +52,16 @@ at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::Scal
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_creation_options(layout, pin_memory);
-  c10::DeviceGuard guard(c10::Device(kNeuron, target_device(device)));
+  const auto index = target_device(device);
+  if (lazy::lazy_allocation()) {
+    const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+    check_sizes(sizes);
+    const auto strides = strides_for(sizes, memory_format.value_or(c10::MemoryFormat::Contiguous));
+    auto t = empty_pending(sizes, strides, c10::dtype_or_default(dtype), index);
+    lazy::note_fresh_output(t);
+    return t;
+  }
+  c10::DeviceGuard guard(c10::Device(kNeuron, index));
   return at::detail::empty_generic(C10_AS_INTARRAYREF_SLOW(size), allocator(), kNeuronKeys,
                                    c10::dtype_or_default(dtype), memory_format);
 }
@@ -57,7 +70,15 @@ at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   check_creation_options(layout, pin_memory);
-  c10::DeviceGuard guard(c10::Device(kNeuron, target_device(device)));
+  const auto index = target_device(device);
+  if (lazy::lazy_allocation()) {
+    const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+    check_sizes(sizes);
+    auto t = empty_pending(sizes, C10_AS_INTARRAYREF_SLOW(stride), c10::dtype_or_default(dtype), index);
+    lazy::note_fresh_output(t);
+    return t;
+  }
+  c10::DeviceGuard guard(c10::Device(kNeuron, index));
   return at::detail::empty_strided_generic(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
                                            allocator(), kNeuronKeys, c10::dtype_or_default(dtype));
 }
@@ -73,12 +94,31 @@ at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<c10::Sc
 
 // dst.copy_(src) where either side is a neuron tensor: one launch on dst's core
 // (or src's, when dst is on the host).
+const c10::OperatorHandle& copy_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  return op;
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const bool src_on_device = self.device().type() == kNeuron;
   const bool dst_on_device = dst.device().type() == kNeuron;
   const auto device = dst_on_device ? dst.device().index() : self.device().index();
+  auto& counters = op_counters();
+  const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
+  if (src_on_device && dst_on_device) {
+    // Within the device: an op like any other, recorded on the current stream.
+    torch::jit::Stack stack{dst, self, false};
+    if (lazy::try_record(copy_op(), &stack)) {
+      counters.device_to_device_bytes += bytes;
+      return dst;
+    }
+  }
+  // Host memory is involved: the copy happens now, after the launches that use
+  // the device memory (a read of results from the host waits for them).
+  sync_tensors({self, dst}, dst_on_device ? (src_on_device ? "copy between cores" : "copy from host")
+                                          : "copy to host");
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, /*synced=*/true);
     if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
       // One host storage for both, so the CPU kernel sees the overlap.
       auto host_dst = host_alias(dst);
@@ -87,8 +127,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
       host_view(dst).copy_(host_view(self));
     }
   }
-  auto& counters = op_counters();
-  const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
   if (src_on_device && dst_on_device) {
     counters.device_to_device_bytes += bytes;
   } else if (dst_on_device) {
@@ -266,12 +304,22 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
 
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   TORCH_CHECK(storage.resizable(), "neuron: trying to resize a storage that is not resizable");
+  auto* impl = storage.unsafeGetStorageImpl();
+  if (is_pending(storage) && lazy::lazy_allocation() &&
+      static_cast<int64_t>(new_size) <= core_capacity()) {
+    // Nothing has been written yet: the storage just stays pending, larger.
+    impl->set_nbytes(new_size);
+    return;
+  }
+  // The old bytes are read now: launches that write them finish first.
+  auto holder = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), kNeuronKeys,
+                                                        caffe2::TypeMeta::Make<uint8_t>());
+  sync_tensors({holder}, "resize");
   const auto device = storage.device().index();
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   c10::DataPtr fresh = allocator()->allocate(new_size);
   const size_t keep = std::min(new_size, storage.nbytes());
   if (keep > 0) std::memcpy(fresh.get(), storage.data(), keep);
-  auto* impl = storage.unsafeGetStorageImpl();
   impl->set_data_ptr_noswap(std::move(fresh));
   impl->set_nbytes(new_size);
 }

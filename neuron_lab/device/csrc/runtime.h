@@ -17,6 +17,8 @@
 #include <c10/core/Stream.h>
 
 #include <atomic>
+#include <functional>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -38,31 +40,67 @@ void check_device_index(c10::DeviceIndex index);
 // Resolves -1 to the current device and validates the index.
 c10::DeviceIndex resolve_device(c10::DeviceIndex index);
 
-// ---- streams (device.cpp) --------------------------------------------------
-// Stream 0 of each core is its default stream. Every launch (one op in eager
-// mode) is enqueued on the current stream and counted; execution is in order.
-struct StreamStats {
-  std::atomic<uint64_t> enqueued{0};
-  std::atomic<uint64_t> completed{0};
-};
+// ---- streams (executor.cpp) ------------------------------------------------
+// Stream 0 of each core is its default stream. A stream is an in-order queue of
+// launches run by its own device thread; the host enqueues and runs ahead.
+// Sequence numbers count launches: the n-th launch of a stream has seq n, and
+// the stream has executed it once completed >= n.
+struct StreamState;
 c10::Stream current_stream(c10::DeviceIndex index);
 c10::Stream default_stream(c10::DeviceIndex index);
 c10::Stream new_stream(c10::DeviceIndex index, int priority);
 c10::Stream exchange_stream(c10::Stream stream);
-StreamStats& stream_stats(c10::Stream stream);
+StreamState& stream_state(c10::Stream stream);
 int64_t num_streams(c10::DeviceIndex index);
-void synchronize_stream(c10::Stream stream);
-void synchronize_device(c10::DeviceIndex index);
+uint64_t stream_enqueued(const StreamState& s);
+uint64_t stream_completed(const StreamState& s);
+c10::Stream stream_of(const StreamState& s);
+bool stream_idle(const StreamState& s);
 
-// A launch on the current stream of `device`: counted enqueue + completion.
+// One unit of device work. `run` executes on the stream's device thread and may
+// throw: the error is kept and raised at the next wait on the stream, and the
+// stream skips its later compute launches until then (their inputs may be wrong).
+struct Work {
+  std::function<void()> run;
+  bool skippable = true;  // false for event markers and cross-stream waits
+};
+// Enqueues on a stream and returns the launch's sequence number.
+// inline_if_idle: a stream with nothing queued runs the work at once, on the
+// caller's thread (event markers: an idle stream's event is complete at once).
+uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle = false);
+// Waits (releasing the GIL) until the stream has executed launch `seq`, then
+// raises the stream's pending error, if any, naming the launch that failed.
+void wait_for(StreamState& s, uint64_t seq, const char* reason);
+void synchronize_stream(c10::Stream stream, const char* reason = "synchronize");
+void synchronize_device(c10::DeviceIndex index, const char* reason = "synchronize");
+void synchronize_all(const char* reason);
+// True on a stream's device thread (work must not be recorded from there).
+bool on_device_thread();
+// Raises a clear error in a child process forked after the runtime started.
+void check_not_forked();
+bool in_bad_fork();
+
+// A launch that runs inline on the calling thread (native kernels that need the
+// data now): every pending launch of the device finishes first, then the inline
+// work is counted as one launch of the current stream.
 class LaunchScope {
  public:
-  explicit LaunchScope(c10::DeviceIndex device);
+  // synced: the caller already waited for what the work touches (sync_tensors).
+  explicit LaunchScope(c10::DeviceIndex device, bool synced = false);
   ~LaunchScope();
 
  private:
-  StreamStats* stats_;
+  StreamState* stream_;
 };
+
+// Hooks the adaptive-eager recorder installs (recorder.cpp): launch the ops a
+// stream has buffered, or every buffered op of a device (-1: all devices).
+void flush_stream_buffer(c10::Stream stream, const char* reason);
+void flush_device_buffers(c10::DeviceIndex device, const char* reason);
+// Before the calling thread touches these tensors' memory: launches what is
+// buffered, waits for every launch that uses that memory, and gives pending
+// memory device memory.
+void sync_tensors(const std::vector<at::Tensor>& tensors, const std::string& reason);
 
 // ---- allocator (allocator.cpp) ---------------------------------------------
 c10::DeviceAllocator* allocator();
@@ -108,6 +146,23 @@ struct MemorySnapshot {
 // enabled: block stacks are kept; trace: every allocator action is logged too.
 void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_entries, bool clear);
 MemorySnapshot memory_snapshot();
+
+// ---- pending memory (pending.cpp) -------------------------------------------
+// A recorded op's result gets its device memory when its launch is flushed, and
+// only if the result is still alive then: a dead intermediate never takes device
+// memory. Until then its storage points at a read-only zero region, so that a
+// stray read sees zeros instead of crashing the process.
+c10::DataPtr pending_data_ptr(c10::DeviceIndex device);
+bool is_pending(const c10::DataPtr& data_ptr);
+bool is_pending(const c10::Storage& storage);
+// Gives a pending storage device memory (may raise OutOfMemoryError); no-op otherwise.
+void materialize(const c10::Storage& storage);
+// Gives a pending storage host scratch memory that the allocator does not count
+// (the intermediates of a fused graph, as on-chip memory would hold them).
+void materialize_scratch(const c10::Storage& storage);
+// A neuron tensor whose storage is pending (no device memory yet).
+at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
+                         c10::DeviceIndex device);
 
 // ---- random numbers (generator.cpp) ----------------------------------------
 const at::Generator& default_generator(c10::DeviceIndex index);

@@ -1,0 +1,71 @@
+"""Adaptive eager: the neuron device's runtime records eager ops lazily, fuses
+runs of them into small graphs, caches the graphs by structure and compiles hot
+ones in the background, while programs keep eager semantics.
+
+Public API (also at the top level of ``neuron_lab``): ``set_mode``,
+``get_mode``, ``mode``, ``configure``; and here: ``counters``,
+``reset_counters``, ``graphs``, ``clear_graph_cache``, ``flush``,
+``wait_for_compiles``. See ``docs/adaptive_eager.md`` for the policy.
+"""
+
+from __future__ import annotations
+
+from neuron_lab.adaptive_eager.compiler import pending_compiles, wait_for_compiles
+from neuron_lab.adaptive_eager.modes import MODES, configure, get_mode, mode, policy, set_mode
+from neuron_lab.adaptive_eager.stats import (
+    clear_graph_cache,
+    counters,
+    flush,
+    graphs,
+    queue_depth,
+    reset_counters,
+)
+
+__all__ = [
+    "MODES",
+    "set_mode",
+    "get_mode",
+    "mode",
+    "configure",
+    "policy",
+    "counters",
+    "reset_counters",
+    "graphs",
+    "clear_graph_cache",
+    "flush",
+    "queue_depth",
+    "wait_for_compiles",
+    "pending_compiles",
+    "start",
+]
+
+
+def start() -> None:
+    """Connects the runtime to the background compiler and applies the environment."""
+    import atexit
+    import os
+    import sysconfig
+
+    import torch
+
+    from neuron_lab.adaptive_eager import compiler, modes
+    from neuron_lab.device import _C
+
+    library = [os.path.dirname(torch.__file__) + os.sep,
+               os.path.dirname(os.path.dirname(__file__)) + os.sep,
+               sysconfig.get_paths()["stdlib"] + os.sep]
+    _C.adaptive.set_library_prefixes(library)
+    compiler.install()
+    modes.apply_environment()
+    atexit.register(_finish_at_exit)
+
+
+def _finish_at_exit() -> None:
+    from neuron_lab.adaptive_eager import compiler
+    from neuron_lab.device import _C
+
+    try:
+        _C.adaptive.synchronize_all("exit")
+    except Exception:  # noqa: BLE001 - an error nobody waited for; the process is ending
+        pass
+    compiler.stop()

@@ -1,0 +1,189 @@
+"""The compiled tier: hot graphs compiled with TorchInductor in the background.
+
+The runtime hands over a graph's description once it has run ``compile_after``
+times. A daemon thread turns it into an FX graph over the graph's memory (one
+input per live storage, a view per tensor, dead intermediates as local
+buffers), compiles it with ``torch._inductor.compile_fx`` (functionalized, so
+in-place and out= ops become writes into the inputs), and installs it. The
+device threads then run it instead of replaying the ops, as long as it is
+faster. Inductor's on-disk cache makes the same graph compile quickly in later
+processes. A graph that fails to compile is replayed, and counted.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from neuron_lab.device import _C
+
+__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module"]
+
+_native = _C.adaptive
+
+_DTYPES = {
+    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
+    "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8, "Byte": torch.uint8,
+    "Bool": torch.bool, "ComplexFloat": torch.complex64, "ComplexDouble": torch.complex128,
+}
+# c10::ScalarType / Layout / MemoryFormat arrive as their enum values.
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
+                 6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool,
+                 15: torch.bfloat16}
+_MEMORY_FORMATS = {0: torch.contiguous_format, 1: torch.preserve_format, 2: torch.channels_last,
+                   3: torch.channels_last_3d}
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise NotImplementedError(f"dtype {name} in a compiled graph") from None
+
+
+def _type_name(arg: Any) -> str:
+    return str(arg.type).replace("Optional[", "").rstrip("]")
+
+
+def build_graph_module(storages: list, ops: list) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """An FX graph that does what the recorded ops do, and example inputs for it."""
+    graph = torch.fx.Graph()
+    bases: dict[int, torch.fx.Node] = {}
+    examples: list[torch.Tensor] = []
+    for index, (numel, dtype_name, dead) in enumerate(storages):
+        dtype = _dtype(dtype_name)
+        if dead:
+            bases[index] = graph.call_function(
+                torch.ops.aten.empty.memory_format, ([numel],), {"dtype": dtype, "device": torch.device("cpu")}
+            )
+        else:
+            bases[index] = graph.placeholder(f"memory{index}")
+            examples.append(torch.empty(numel, dtype=dtype))
+    views: dict[tuple, torch.fx.Node] = {}
+
+    def tensor(desc: tuple) -> torch.fx.Node:
+        _, index, sizes, strides, offset, _dtype_name = desc
+        key = (index, tuple(sizes), tuple(strides), offset)
+        if key not in views:
+            views[key] = graph.call_function(
+                torch.ops.aten.as_strided.default, (bases[index], list(sizes), list(strides), offset)
+            )
+        return views[key]
+
+    def convert(value: Any, arg: Any) -> Any:
+        if isinstance(value, tuple) and value and value[0] == "tensor":
+            return tensor(value)
+        if isinstance(value, tuple) and value and value[0] == "scalar":
+            return value[1]
+        if isinstance(value, list):
+            return [convert(v, arg) for v in value]
+        kind = _type_name(arg)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if kind == "ScalarType":
+                return _SCALAR_TYPES[value]
+            if kind == "Layout":
+                return torch.strided
+            if kind == "MemoryFormat":
+                return _MEMORY_FORMATS[value]
+        if isinstance(value, torch.device):
+            return torch.device("cpu")
+        return value
+
+    for name, overload, args, outputs in ops:
+        namespace, op_name = name.split("::")
+        op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+        positional, keywords = [], {}
+        for arg, value in zip(op._schema.arguments, args):
+            converted = convert(value, arg)
+            if arg.kwarg_only:
+                keywords[arg.name] = converted
+            else:
+                positional.append(converted)
+        node = graph.call_function(op, tuple(positional), keywords)
+        if outputs:
+            fresh = [r for r in op._schema.returns if r.alias_info is None]
+            results = [node] if len(op._schema.returns) == 1 else [
+                graph.call_function(lambda t, i: t[i], (node, i)) for i in range(len(op._schema.returns))
+            ]
+            flat: list[torch.fx.Node] = []
+            for ret, result in zip(op._schema.returns, results):
+                if ret.alias_info is not None:
+                    continue
+                if "[]" in str(ret.type):
+                    count = len(outputs) - len(flat) - (len(fresh) - 1 - len(flat))
+                    flat.extend(graph.call_function(lambda t, i: t[i], (result, i)) for i in range(count))
+                else:
+                    flat.append(result)
+            for out_desc, result in zip(outputs, flat):
+                graph.call_function(torch.ops.aten.copy_.default, (tensor(out_desc), result))
+    # AOTAutograd expects at least one output; the effects are the writes into the inputs.
+    token = graph.call_function(torch.ops.aten.empty.memory_format, ([0],), {"device": torch.device("cpu")})
+    graph.output((token,))
+    return torch.fx.GraphModule(torch.nn.Module(), graph), examples
+
+
+def _compile(storages: list, ops: list) -> Callable[[list], Any]:
+    from torch._inductor.compile_fx import compile_fx
+
+    module, examples = build_graph_module(storages, ops)
+    with torch.no_grad():
+        compiled = compile_fx(module, examples)
+
+    def run(inputs: list) -> Any:
+        return compiled(*inputs)
+
+    return run
+
+
+def _compile_forever() -> None:
+    """The compiler thread: takes hot graphs from the runtime, one at a time."""
+    while not _native.compiler_stopping():
+        request = _native.next_compile_request(1.0)
+        if request is None:
+            continue
+        graph_id, storages, ops = request
+        start = time.perf_counter()
+        try:
+            fn = _compile(storages, ops)
+        except Exception as e:  # noqa: BLE001 - any failure means: keep replaying
+            _native.install_compiled(graph_id, None, f"{type(e).__name__}: {e}"[:500], time.perf_counter() - start)
+        else:
+            _native.install_compiled(graph_id, fn, "", time.perf_counter() - start)
+
+
+_thread: Optional[threading.Thread] = None
+_thread_lock = threading.Lock()
+
+
+def wait_for_compiles(timeout: Optional[float] = None) -> bool:
+    """Blocks until every requested compile has finished; False on timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while _native.pending_compiles() > 0:
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def pending_compiles() -> int:
+    """Compiles requested and not finished yet."""
+    return int(_native.pending_compiles())
+
+
+def install() -> None:
+    """Starts the compiler thread (once per process)."""
+    global _thread
+    with _thread_lock:
+        if _thread is None or not _thread.is_alive():
+            _thread = threading.Thread(target=_compile_forever, name="neuron-compiler", daemon=True)
+            _thread.start()
+
+
+def stop() -> None:
+    """Ends the compiler thread (at exit, before Python stops running threads)."""
+    _native.stop_compiler()
+    if _thread is not None:
+        _thread.join(timeout=30)

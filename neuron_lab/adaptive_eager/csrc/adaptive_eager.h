@@ -1,0 +1,151 @@
+// Adaptive eager: ops on neuron tensors are recorded into a per-stream buffer
+// and launched on the stream as small fused graphs.
+//
+//   recorder.cpp  which ops can be recorded, recording them, the flush policy
+//   launch.cpp    a flushed buffer becomes a launch: memory for live results,
+//                 the graph cache, and execution by replay or compiled code
+//   source.cpp    the user's source line of each recorded op
+//   python.cpp    the Python side: modes, counters, graph descriptions for the
+//                 background compiler, compiled graphs swapped in
+#pragma once
+
+#include "../../device/csrc/runtime.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace neuron::lazy {
+
+// blocking: ops run one at a time on the caller's thread (for debugging).
+// eager:    one asynchronous launch per op.
+// adaptive: ops are buffered and launched as fused graphs (the default).
+enum class Mode : int { Blocking = 0, Eager = 1, Adaptive = 2 };
+Mode mode();
+void set_mode(Mode m);  // finishes all pending work first
+
+// Knobs of the flush policy and of the compile tier (see docs in the package).
+struct Policy {
+  std::atomic<int64_t> max_ops{256};             // a graph never holds more ops
+  std::atomic<int64_t> idle_flush_bytes{1 << 20};  // an idle device gets this much work at once
+  std::atomic<int64_t> compile_after{10};        // launches of a graph before it is compiled
+  std::atomic<bool> compile{true};               // the compiled tier at all
+  std::atomic<bool> capture_source{true};        // user source line per op
+};
+Policy& policy();
+
+// Counters for every decision the runtime takes.
+struct Counters {
+  std::atomic<uint64_t> ops_recorded{0}, launches{0}, graph_launches{0}, graphs_built{0}, cache_hits{0},
+      compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
+      compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0},
+      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0};
+  std::mutex mutex;
+  std::map<std::string, uint64_t> flushes;  // by reason
+  std::map<std::string, uint64_t> syncs;    // by reason
+  std::map<std::string, uint64_t> inline_by_op;
+  void count_flush(const std::string& reason);
+  void count_sync(const std::string& reason);
+  void reset();
+};
+Counters& counters();
+
+// ---- recorder.cpp ------------------------------------------------------------
+// Records the op on the stack if the current mode and the op allow it; returns
+// false when the caller must run it inline (after prepare_inline).
+bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// Before an op runs inline on the caller's thread: launches what is buffered
+// and waits for every launch that uses the given tensors' memory.
+void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason);
+// Notes a tensor just created by an empty kernel for a structured op's output.
+void note_fresh_output(const at::Tensor& t);
+// True when new tensors should be created pending (lazy modes).
+bool lazy_allocation();
+void note_sync(const char* reason);
+
+// ---- source.cpp ----------------------------------------------------------------
+struct SourceLoc {
+  int32_t file = -1;  // index into the interned file/function table; -1: unknown
+  int32_t line = 0;
+};
+SourceLoc capture_source();
+std::string describe_source(SourceLoc loc);
+struct SourceFrame {
+  std::string file;
+  int line = 0;
+  std::string function;
+};
+SourceFrame source_frame(SourceLoc loc);
+// Files under these prefixes are library code, skipped when looking for the user's line.
+void set_library_prefixes(std::vector<std::string> prefixes);
+
+// ---- launch.cpp --------------------------------------------------------------------
+// How an op's results relate to its arguments (from its schema).
+struct OpClass {
+  bool recordable = false;
+  std::string why_not;          // why it runs inline instead
+  bool has_out_args = false;    // keyword-only written arguments (out=)
+  bool functional = false;      // returns fresh tensors
+  std::vector<int> return_arg;  // per return: the argument it is, or -1 (fresh)
+  std::vector<bool> write_arg;  // per argument: written by the op
+};
+
+struct Record {
+  c10::OperatorHandle op;
+  const OpClass* cls = nullptr;
+  std::vector<c10::IValue> args;     // neuron tensors stay neuron tensors
+  std::vector<at::Tensor> outputs;   // results made by the recorder (functional ops)
+  int64_t written_bytes = 0;
+  SourceLoc source;
+  bool random = false;       // draws from a generator
+  bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
+};
+
+// One memory (storage) a launch uses.
+struct StorageUse {
+  c10::Storage storage;
+  c10::ScalarType dtype = c10::ScalarType::Float;  // of its first use
+  bool mixed_dtypes = false;
+  bool written = false;
+  bool dead = false;  // a pending result nothing outside the launch holds
+  std::vector<const c10::TensorImpl*> impls;
+};
+
+// A cached graph: its structure, how often it ran and in which tier.
+struct Graph {
+  enum State : int { Cold = 0, Compiling = 1, Compiled = 2, CompileFailed = 3, NotCompilable = 4, Rejected = 5 };
+  static constexpr int64_t kTrialRuns = 5;  // compiled runs before the tiers are compared
+  int64_t id = 0;
+  std::vector<int64_t> key;
+  int64_t n_ops = 0;
+  std::string first_op, source, flush_reason, note;
+  std::atomic<int64_t> hits{0};
+  std::atomic<int> state{Cold};
+  void* compiled = nullptr;  // a Python callable (python.cpp owns the reference)
+  std::mutex mutex;          // guards the statistics below
+  int64_t replay_runs = 0, replay_ns = 0, compiled_runs = 0, compiled_ns = 0;
+  void note_run(bool compiled, int64_t ns);
+};
+
+// Turns buffered records into one launch on the stream (flush).
+void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason);
+// Waits for every launch that touches this storage's memory.
+void wait_for_storage(const c10::Storage& storage, const char* reason);
+// Structural hash of one record (the first op of a buffer; see the flush policy).
+uint64_t record_hash(const Record& r);
+bool graph_starts_with(uint64_t first_record_hash);
+
+// The background compiler (Python) receives graphs through this hook.
+struct GraphInfo {
+  int64_t id, n_ops, hits, compiled_runs, replay_runs;
+  double replay_ms, compiled_ms;
+  std::string tier, note, first_op, source, flush_reason;
+};
+std::vector<GraphInfo> graph_infos();
+void clear_graph_cache();
+
+}  // namespace neuron::lazy

@@ -1,0 +1,559 @@
+// From a flushed buffer to device work.
+//
+// launch() runs on the recording thread: it decides which results are alive
+// (the user, autograd or another buffer holds them) and gives those device
+// memory; dead intermediates get none. It looks the graph up in the cache by
+// its structure and enqueues one launch on the stream. The stream's device
+// thread then executes it, by replaying the recorded ops on the CPU kernels
+// (bit-identical to eager mode) or, once the graph is hot and compiled in the
+// background, with the compiled code; the faster tier is kept.
+#include "adaptive_eager.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <Python.h>
+#include <c10/core/impl/PyObjectSlot.h>
+
+#include <chrono>
+#include <cstring>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace neuron::lazy {
+
+// Implemented in python.cpp (needs the GIL).
+bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes);
+void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Record>& records,
+                     const std::vector<StorageUse>& storages);
+
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) {
+      if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+template <typename F>
+void for_each_record_tensor(const Record& r, F&& f) {
+  for (size_t i = 0; i < r.args.size(); ++i) {
+    const bool write = r.cls->write_arg[i];
+    for_each_tensor(r.args[i], [&](const at::Tensor& t) { f(t, write); });
+  }
+  for (const auto& t : r.outputs) f(t, true);
+}
+
+bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+// A tensor Python dropped while C++ held it keeps its Python object alive; if
+// Python takes it back, the object's references are not counted by the
+// TensorImpl. Any reference to that object beyond the TensorImpl's own is a
+// user's. (Read without the GIL: a stale count only makes a result live.)
+bool held_by_python(const c10::TensorImpl* impl) {
+  PyObject* obj = impl->pyobj_slot()->load_pyobj();
+  return obj != nullptr && Py_REFCNT(obj) > 1;
+}
+
+// ---- which launches touch which memory ----------------------------------------------
+// Per storage, the last launch of each stream that used it. An inline op or a
+// host read waits for exactly those.
+
+struct Access {
+  StreamState* stream;
+  uint64_t seq;
+};
+std::mutex g_access_mutex;
+std::unordered_map<const c10::StorageImpl*, std::vector<Access>>& accesses() {
+  static auto* a = new std::unordered_map<const c10::StorageImpl*, std::vector<Access>>();
+  return *a;
+}
+
+void note_access(const c10::StorageImpl* storage, StreamState* stream, uint64_t seq) {
+  auto& list = accesses()[storage];
+  for (auto& a : list) {
+    if (a.stream == stream) {
+      a.seq = seq;
+      return;
+    }
+  }
+  list.push_back({stream, seq});
+}
+
+void sweep_accesses() {
+  // Called with g_access_mutex held, when the table grows.
+  auto& table = accesses();
+  for (auto it = table.begin(); it != table.end();) {
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [](const Access& a) { return stream_completed(*a.stream) >= a.seq; }),
+               list.end());
+    it = list.empty() ? table.erase(it) : std::next(it);
+  }
+}
+
+// ---- the graph cache --------------------------------------------------------------------
+
+std::mutex g_cache_mutex;
+std::unordered_map<uint64_t, std::vector<std::shared_ptr<Graph>>>& cache() {
+  static auto* c = new std::unordered_map<uint64_t, std::vector<std::shared_ptr<Graph>>>();
+  return *c;
+}
+std::unordered_set<uint64_t>& graph_starts() {
+  static auto* s = new std::unordered_set<uint64_t>();
+  return *s;
+}
+std::atomic<int64_t> g_next_graph_id{1};
+
+uint64_t hash_words(const std::vector<int64_t>& words) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t w : words) {
+    h ^= static_cast<uint64_t>(w);
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+// The structure of a graph as words: op sequence, each argument's metadata
+// (shapes, strides, dtypes, which memory it uses), scalars' values, and which
+// results are dead. Equal keys mean the same compiled code can run it.
+class KeyBuilder {
+ public:
+  explicit KeyBuilder(const std::unordered_map<const c10::StorageImpl*, int>* storage_index)
+      : index_(storage_index) {}
+
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return put(1);
+    if (on_device(t)) {
+      put(2);
+      put(index_ != nullptr ? index_->at(t.storage().unsafeGetStorageImpl()) : 0);
+    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      put(3);
+      put(static_cast<int64_t>(t.scalar_type()));
+      put(scalar_bits(t));
+      return;
+    } else {
+      put(4);
+    }
+    put(static_cast<int64_t>(t.scalar_type()));
+    put(t.dim());
+    for (auto s : t.sizes()) put(s);
+    for (auto s : t.strides()) put(s);
+    put(t.storage_offset());
+  }
+
+  void value(const c10::IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isNone()) {
+      put(5);
+    } else if (v.isInt()) {
+      put(6), put(v.toInt());
+    } else if (v.isDouble()) {
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      put(7), put(bits);
+    } else if (v.isBool()) {
+      put(8), put(v.toBool());
+    } else if (v.isIntList()) {
+      put(9);
+      auto l = v.toIntVector();
+      put(static_cast<int64_t>(l.size()));
+      for (auto x : l) put(x);
+    } else if (v.isTensorList()) {
+      put(10);
+      auto l = v.toTensorList();
+      put(static_cast<int64_t>(l.size()));
+      for (const at::Tensor& t : l) tensor(t);
+    } else if (v.isList()) {
+      put(11);
+      auto l = v.toList();
+      put(static_cast<int64_t>(l.size()));
+      for (const c10::IValue& e : l) value(e);
+    } else if (v.isGenerator()) {
+      put(12);
+    } else if (v.isDevice()) {
+      put(13), put(v.toDevice().index());
+    } else if (v.isString()) {
+      put(14), put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    } else {
+      put(15), put(static_cast<int64_t>(v.tagKind().size()));
+      uncompilable = "an argument of an unusual type";
+    }
+  }
+
+  void record(const Record& r) {
+    put(reinterpret_cast<int64_t>(&r.op.schema()));
+    put(static_cast<int64_t>(r.args.size()));
+    for (const auto& a : r.args) value(a);
+    put(static_cast<int64_t>(r.outputs.size()));
+    for (const auto& t : r.outputs) tensor(t);
+  }
+
+  void put(int64_t w) { words.push_back(w); }
+
+  std::vector<int64_t> words;
+  const char* uncompilable = nullptr;
+
+ private:
+  static int64_t scalar_bits(const at::Tensor& t) {
+    const auto s = t.item();
+    if (s.isFloatingPoint()) {
+      double d = s.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      return bits;
+    }
+    if (s.isComplex()) return static_cast<int64_t>(std::hash<double>()(s.toComplexDouble().real())) ^ 7;
+    return s.toLong();
+  }
+
+  const std::unordered_map<const c10::StorageImpl*, int>* index_;
+};
+
+std::string shapes_of(const Record& r) {
+  std::ostringstream out;
+  out << "(";
+  bool first = true;
+  for (const auto& a : r.args) {
+    if (!first) out << ", ";
+    first = false;
+    if (a.isTensor() && a.toTensor().defined()) {
+      const auto& t = a.toTensor();
+      out << t.scalar_type() << t.sizes();
+      if (!on_device(t)) out << " on " << t.device();
+    } else if (a.isTensorList()) {
+      out << "[" << a.toTensorList().size() << " tensors]";
+    } else if (a.isTensor()) {
+      out << "None";
+    } else {
+      out << a;
+    }
+  }
+  out << ")";
+  return out.str();
+}
+
+// One launch: what the device thread executes.
+struct Launch {
+  std::vector<Record> records;
+  std::vector<c10::Storage> scratch;       // dead intermediates (replay only)
+  std::vector<c10::Storage> inputs;        // the compiled code's inputs: every live storage
+  std::vector<c10::ScalarType> input_dtypes;
+  std::shared_ptr<Graph> graph;
+  c10::DeviceIndex device = 0;
+  c10::StreamId stream_id = 0;
+
+  void replay() {
+    for (auto& s : scratch) materialize_scratch(s);
+    for (auto& r : records) replay_one(r);
+  }
+
+  void replay_one(Record& r) {
+    // Host aliases: one host storage per neuron storage, so kernels see aliasing.
+    std::vector<std::pair<const c10::StorageImpl*, c10::Storage>> hosts;
+    auto host = [&](const at::Tensor& t) -> at::Tensor {
+      if (!on_device(t)) return t;
+      const auto* impl = t.storage().unsafeGetStorageImpl();
+      for (auto& [k, h] : hosts) {
+        if (k == impl) return host_alias_sharing(t, h);
+      }
+      auto alias = host_alias(t);
+      hosts.emplace_back(impl, alias.storage());
+      return alias;
+    };
+    torch::jit::Stack stack;
+    stack.reserve(r.args.size());
+    for (const auto& a : r.args) {
+      if (a.isTensor()) {
+        stack.push_back(host(a.toTensor()));
+      } else if (a.isTensorList()) {
+        c10::List<at::Tensor> l;
+        for (const at::Tensor& t : a.toTensorList()) l.push_back(host(t));
+        stack.push_back(std::move(l));
+      } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
+        auto list = a.toList();
+        c10::impl::GenericList l(list.elementType());
+        for (const c10::IValue& e : list) l.push_back(e.isTensor() ? c10::IValue(host(e.toTensor())) : e);
+        stack.push_back(std::move(l));
+      } else {
+        stack.push_back(a);
+      }
+    }
+    try {
+      c10::DeviceGuard guard(c10::Device(kNeuron, device));
+      r.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+      // Fresh results: copied into the memory the recorder gave them.
+      size_t next = 0;
+      for (size_t i = 0; i < r.cls->return_arg.size(); ++i) {
+        if (r.cls->return_arg[i] >= 0) continue;
+        const auto& v = stack[i];
+        if (v.isTensor()) {
+          host(r.outputs[next++]).copy_(v.toTensor());
+        } else {
+          for (const at::Tensor& t : v.toTensorList()) host(r.outputs[next++]).copy_(t);
+        }
+      }
+    } catch (c10::Error& e) {
+      e.add_context(failure_context(r));
+      throw;
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, e.what(), "\n", failure_context(r));
+    }
+  }
+
+  std::string failure_context(const Record& r) const {
+    std::ostringstream out;
+    out << "neuron: " << r.op.schema().operator_name() << " failed on neuron:" << int(device) << " (stream "
+        << stream_id << ", in a launch of " << records.size() << " recorded op" << (records.size() == 1 ? "" : "s")
+        << "); inputs " << shapes_of(r) << "; recorded at " << describe_source(r.source)
+        << ". Results computed before this op keep their values; set "
+           "neuron_lab.set_mode('blocking') to raise errors at the op itself.";
+    return out.str();
+  }
+
+  void execute() {
+    const int64_t start = now_ns();
+    bool compiled = false;
+    if (graph && graph->state.load() == Graph::Compiled) {
+      compiled = run_compiled(*graph, inputs, input_dtypes);
+      if (!compiled) counters().compiled_fallbacks.fetch_add(1);
+    }
+    if (!compiled) replay();
+    const int64_t elapsed = now_ns() - start;
+    (compiled ? counters().compiled_launches : counters().replay_launches).fetch_add(1);
+    if (graph) graph->note_run(compiled, elapsed);
+  }
+};
+
+}  // namespace
+
+// ---- graphs ------------------------------------------------------------------------------
+
+void Graph::note_run(bool compiled, int64_t ns) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (compiled) {
+    compiled_runs += 1;
+    compiled_ns += ns;
+    // Keep the compiled code only if it beats replay (it also pays for the GIL).
+    if (compiled_runs == kTrialRuns && replay_runs >= 2) {
+      const double per_compiled = static_cast<double>(compiled_ns) / compiled_runs;
+      const double per_replay = static_cast<double>(replay_ns) / replay_runs;
+      if (per_compiled > per_replay * 1.05) {
+        state = Rejected;
+        note = "compiled code was slower than replay";
+        counters().compiled_rejected.fetch_add(1);
+      }
+    }
+  } else {
+    replay_runs += 1;
+    replay_ns += ns;
+  }
+}
+
+uint64_t record_hash(const Record& r) {
+  KeyBuilder key(nullptr);
+  key.record(r);
+  return hash_words(key.words);
+}
+
+bool graph_starts_with(uint64_t first_record_hash) {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  return graph_starts().count(first_record_hash) > 0;
+}
+
+void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason) {
+  auto l = std::make_shared<Launch>();
+  l->records = std::move(records);
+  const auto stream_handle = stream_of(stream);
+  l->device = stream_handle.device_index();
+  l->stream_id = stream_handle.id();
+
+  // Storages in order of first use, and how often the records hold each tensor.
+  std::unordered_map<const c10::StorageImpl*, int> index;
+  std::vector<StorageUse> storages;
+  std::unordered_map<const c10::TensorImpl*, int> held;
+  for (const auto& r : l->records) {
+    for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
+      if (!on_device(t)) return;
+      held[t.unsafeGetTensorImpl()] += 1;
+      const auto* impl = t.storage().unsafeGetStorageImpl();
+      auto [it, inserted] = index.emplace(impl, static_cast<int>(storages.size()));
+      if (inserted) {
+        StorageUse u;
+        u.storage = t.storage();
+        u.dtype = t.scalar_type();
+        storages.push_back(std::move(u));
+      }
+      auto& u = storages[static_cast<size_t>(it->second)];
+      if (u.dtype != t.scalar_type()) u.mixed_dtypes = true;
+      u.written = u.written || write;
+      if (std::find(u.impls.begin(), u.impls.end(), t.unsafeGetTensorImpl()) == u.impls.end()) {
+        u.impls.push_back(t.unsafeGetTensorImpl());
+      }
+    });
+  }
+  // A pending result is dead when nothing but these records holds it: its
+  // storage is held only by tensors the records hold, and those only by them.
+  auto& c = counters();
+  for (auto& u : storages) {
+    if (!is_pending(u.storage)) continue;
+    // u.storage itself holds one reference.
+    bool dead = u.storage.use_count() == static_cast<size_t>(u.impls.size()) + 1;
+    for (const auto* impl : u.impls) {
+      dead = dead && c10::raw::intrusive_ptr::use_count(const_cast<c10::TensorImpl*>(impl)) ==
+                         static_cast<uint32_t>(held[impl]) &&
+             !held_by_python(impl);
+    }
+    u.dead = dead;
+    if (dead) {
+      c.dead_intermediate_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
+    } else {
+      c.live_result_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
+      try {
+        materialize(u.storage);
+      } catch (c10::Error& e) {
+        e.add_context("neuron: raised while giving memory to the results of " + std::to_string(l->records.size()) +
+                      " recorded op(s), the first recorded at " + describe_source(l->records.front().source));
+        throw;
+      }
+    }
+  }
+  for (auto& u : storages) {
+    if (u.dead) {
+      l->scratch.push_back(u.storage);
+    } else {
+      l->inputs.push_back(u.storage);
+      l->input_dtypes.push_back(u.dtype);
+    }
+  }
+
+  std::shared_ptr<Graph> compile_me;
+  if (use_cache) {
+    KeyBuilder key(&index);
+    for (const auto& r : l->records) key.record(r);
+    for (const auto& u : storages) {
+      key.put(static_cast<int64_t>(u.storage.nbytes()));
+      key.put(u.dead);
+      key.put(static_cast<int64_t>(u.dtype));
+    }
+    const uint64_t h = hash_words(key.words);
+    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    auto& bucket = cache()[h];
+    for (const auto& g : bucket) {
+      if (g->key == key.words) l->graph = g;
+    }
+    if (l->graph) {
+      c.cache_hits.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      auto g = std::make_shared<Graph>();
+      g->id = g_next_graph_id.fetch_add(1);
+      g->key = std::move(key.words);
+      g->n_ops = static_cast<int64_t>(l->records.size());
+      g->first_op = l->records.front().op.schema().operator_name().name;
+      g->source = describe_source(l->records.front().source);
+      g->flush_reason = reason;
+      const char* why = key.uncompilable;
+      for (const auto& r : l->records) {
+        if (why != nullptr) break;
+        if (r.random) why = "it draws random numbers (replay keeps eager mode's numbers)";
+        if (r.has_host_tensor) why = "it reads a host tensor";
+      }
+      for (const auto& u : storages) {
+        if (why == nullptr && u.mixed_dtypes) why = "one memory is viewed with two dtypes";
+        if (why == nullptr && u.storage.nbytes() % c10::elementSize(u.dtype) != 0) why = "odd-sized memory";
+      }
+      if (why != nullptr) {
+        g->state = Graph::NotCompilable;
+        g->note = why;
+      }
+      bucket.push_back(g);
+      l->graph = g;
+      graph_starts().insert(record_hash(l->records.front()));
+      c.graphs_built.fetch_add(1, std::memory_order_relaxed);
+    }
+    auto& g = *l->graph;
+    const int64_t hits = g.hits.fetch_add(1) + 1;
+    if (hits >= policy().compile_after.load() && policy().compile.load() && g.state.load() == Graph::Cold) {
+      compile_me = l->graph;
+    }
+  }
+  if (compile_me) request_compile(compile_me, l->records, storages);
+  // Dead intermediates get host scratch now, on this thread, unless compiled
+  // code (which keeps them in registers and local buffers) will run the graph.
+  if (!l->graph || l->graph->state.load() != Graph::Compiled) {
+    for (auto& st : l->scratch) materialize_scratch(st);
+  }
+
+  c.launches.fetch_add(1, std::memory_order_relaxed);
+  if (use_cache) c.graph_launches.fetch_add(1, std::memory_order_relaxed);
+  Work work;
+  work.run = [l] { l->execute(); };
+  const uint64_t seq = enqueue(stream, std::move(work));
+  std::lock_guard<std::mutex> lock(g_access_mutex);
+  for (const auto& u : storages) note_access(u.storage.unsafeGetStorageImpl(), &stream, seq);
+  if (accesses().size() > 4096) sweep_accesses();
+}
+
+void wait_for_storage(const c10::Storage& storage, const char* reason) {
+  std::vector<Access> pending;
+  {
+    std::lock_guard<std::mutex> lock(g_access_mutex);
+    auto it = accesses().find(storage.unsafeGetStorageImpl());
+    if (it == accesses().end()) return;
+    pending = it->second;
+  }
+  for (const auto& a : pending) wait_for(*a.stream, a.seq, reason);
+}
+
+std::vector<GraphInfo> graph_infos() {
+  std::vector<GraphInfo> out;
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  for (const auto& [h, bucket] : cache()) {
+    for (const auto& g : bucket) {
+      std::lock_guard<std::mutex> glock(g->mutex);
+      GraphInfo i;
+      i.id = g->id;
+      i.n_ops = g->n_ops;
+      i.hits = g->hits.load();
+      i.compiled_runs = g->compiled_runs;
+      i.replay_runs = g->replay_runs;
+      i.replay_ms = g->replay_runs ? static_cast<double>(g->replay_ns) / g->replay_runs / 1e6 : 0.0;
+      i.compiled_ms = g->compiled_runs ? static_cast<double>(g->compiled_ns) / g->compiled_runs / 1e6 : 0.0;
+      static const char* tiers[] = {"replay", "compiling", "compiled", "replay (compile failed)",
+                                    "replay (not compilable)", "replay (compiled was slower)"};
+      i.tier = tiers[g->state.load()];
+      i.note = g->note;
+      i.first_op = g->first_op;
+      i.source = g->source;
+      i.flush_reason = g->flush_reason;
+      out.push_back(std::move(i));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const GraphInfo& a, const GraphInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+void clear_graph_cache() {
+  std::lock_guard<std::mutex> lock(g_cache_mutex);
+  cache().clear();
+  graph_starts().clear();
+}
+
+}  // namespace neuron::lazy

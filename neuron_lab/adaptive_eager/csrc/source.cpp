@@ -1,0 +1,158 @@
+// The user's source line of each recorded op, so that an error raised later,
+// or the profiler, can point at the line that issued it.
+//
+// Ops are dispatched with the GIL released, and taking it back per op would
+// stall behind any other Python thread (the background compiler). On CPython
+// 3.11 the calling thread's own frame stack is read instead: it cannot change
+// while this thread runs C++, and nothing is allocated or reference-counted.
+// Other versions capture the line only when the GIL is already held.
+//
+// Cost: a walk over the innermost frames, skipping library frames (torch,
+// neuron_lab, the standard library), one table lookup per frame; no strings are
+// made per op. Off with neuron_lab.adaptive_eager.configure(capture_source=False).
+#include "adaptive_eager.h"
+
+#include <Python.h>
+#include <frameobject.h>
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+#define NEURON_FRAME_WALK 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
+#include <deque>
+#include <unordered_map>
+
+namespace neuron::lazy {
+namespace {
+
+struct CodeEntry {
+  std::string file, function;
+  bool library = false;
+};
+
+std::mutex g_mutex;
+std::deque<CodeEntry>& entries() {
+  static auto* e = new std::deque<CodeEntry>();
+  return *e;
+}
+std::vector<std::string>& library_prefixes() {
+  static auto* p = new std::vector<std::string>();
+  return *p;
+}
+
+std::string ascii_or_unknown(PyObject* s) {
+  if (s != nullptr && PyUnicode_Check(s) && PyUnicode_IS_COMPACT_ASCII(s)) {
+    return std::string(static_cast<const char*>(PyUnicode_DATA(s)), static_cast<size_t>(PyUnicode_GET_LENGTH(s)));
+  }
+  return "?";
+}
+
+struct CodeKey {
+  PyObject* filename;
+  PyObject* name;
+  int firstlineno;
+};
+std::unordered_map<PyCodeObject*, std::pair<CodeKey, int32_t>>& by_code() {
+  static auto* m = new std::unordered_map<PyCodeObject*, std::pair<CodeKey, int32_t>>();
+  return *m;
+}
+
+// Interns a code object's file and function. Safe without the GIL: the code
+// object is alive (its frame is running) and nothing is allocated by Python.
+// A recycled address is recognised by its different file, name or first line.
+int32_t intern(PyCodeObject* code) {
+  const CodeKey key{code->co_filename, code->co_name, code->co_firstlineno};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = by_code().find(code);
+  if (it != by_code().end() && it->second.first.filename == key.filename && it->second.first.name == key.name &&
+      it->second.first.firstlineno == key.firstlineno) {
+    return it->second.second;
+  }
+  CodeEntry e;
+  e.file = ascii_or_unknown(code->co_filename);
+  e.function = ascii_or_unknown(code->co_name);
+  for (const auto& prefix : library_prefixes()) {
+    if (e.file.compare(0, prefix.size(), prefix) == 0) e.library = true;
+  }
+  if (e.file.rfind("<frozen", 0) == 0) e.library = true;
+  const auto id = static_cast<int32_t>(entries().size());
+  entries().push_back(std::move(e));
+  by_code()[code] = {key, id};
+  return id;
+}
+
+bool is_library(int32_t id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return entries()[static_cast<size_t>(id)].library;
+}
+
+}  // namespace
+
+void set_library_prefixes(std::vector<std::string> prefixes) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  library_prefixes() = std::move(prefixes);
+  for (auto& e : entries()) {
+    e.library = false;
+    for (const auto& prefix : library_prefixes()) {
+      if (e.file.compare(0, prefix.size(), prefix) == 0) e.library = true;
+    }
+  }
+}
+
+SourceLoc capture_source() {
+  if (!Py_IsInitialized()) return {};
+  SourceLoc innermost;
+#ifdef NEURON_FRAME_WALK
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr || ts->cframe == nullptr) return {};
+  _PyInterpreterFrame* frame = ts->cframe->current_frame;
+  for (int depth = 0; frame != nullptr && depth < 32; frame = frame->previous) {
+    if (_PyFrame_IsIncomplete(frame)) continue;
+    PyCodeObject* code = frame->f_code;
+    const int32_t id = intern(code);
+    const int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+    if (depth++ == 0) innermost = {id, line};
+    if (!is_library(id)) return {id, line};
+  }
+#else
+  if (!PyGILState_Check()) return {};
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  if (frame == nullptr) return {};
+  Py_INCREF(frame);
+  for (int depth = 0; frame != nullptr && depth < 32; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    const int32_t id = intern(code);
+    Py_DECREF(code);
+    const SourceLoc here{id, PyFrame_GetLineNumber(frame)};
+    if (depth == 0) innermost = here;
+    if (!is_library(id)) {
+      Py_DECREF(frame);
+      return here;
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+#endif
+  return innermost;
+}
+
+std::string describe_source(SourceLoc loc) {
+  if (loc.file < 0) return "an unknown line (recorded outside Python, e.g. by autograd's backward pass)";
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto& e = entries()[static_cast<size_t>(loc.file)];
+  return e.file + ":" + std::to_string(loc.line) + " in " + e.function;
+}
+
+SourceFrame source_frame(SourceLoc loc) {
+  if (loc.file < 0) return {};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto& e = entries()[static_cast<size_t>(loc.file)];
+  return {e.file, loc.line, e.function};
+}
+
+}  // namespace neuron::lazy

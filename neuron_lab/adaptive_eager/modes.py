@@ -1,0 +1,132 @@
+"""Execution modes of the neuron device, and the knobs of adaptive eager.
+
+=========  ================================================================
+mode       what an op on a neuron tensor does
+=========  ================================================================
+adaptive   (default) is recorded into its stream's buffer; runs of ops are
+           launched as fused graphs, cached and, when hot, compiled
+eager      becomes one asynchronous launch on the current stream
+blocking   runs at once on the calling thread (errors raise at the op),
+           for debugging, like ``CUDA_LAUNCH_BLOCKING=1``
+=========  ================================================================
+
+The mode is process-wide. ``NEURON_LAB_MODE`` sets it at start-up;
+``torch.use_deterministic_algorithms(True)`` turns fusion off (adaptive then
+launches op by op, as eager), as in TorchNeuron.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator, Optional
+
+from neuron_lab.device import _C
+
+__all__ = ["MODES", "set_mode", "get_mode", "mode", "configure", "policy"]
+
+MODES = ("blocking", "eager", "adaptive")
+_native = _C.adaptive
+
+
+def _check_mode(name: str) -> int:
+    if name not in MODES:
+        raise ValueError(
+            f"unknown neuron execution mode {name!r}; choose one of {', '.join(MODES)} "
+            "(e.g. neuron_lab.set_mode('adaptive'))"
+        )
+    return MODES.index(name)
+
+
+def set_mode(name: str) -> None:
+    """Sets the execution mode. Pending device work finishes first."""
+    _native.set_mode(_check_mode(name))
+
+
+def get_mode() -> str:
+    """The current execution mode: ``'adaptive'``, ``'eager'`` or ``'blocking'``."""
+    return MODES[_native.get_mode()]
+
+
+@contextlib.contextmanager
+def mode(name: str) -> Iterator[None]:
+    """Runs a block in another execution mode and restores the previous one.
+
+    >>> with neuron_lab.mode("blocking"):   # errors raise at the failing op
+    ...     y = model(x)
+    """
+    previous = get_mode()
+    set_mode(name)
+    try:
+        yield
+    finally:
+        set_mode(previous)
+
+
+def configure(
+    max_ops: Optional[int] = None,
+    idle_flush_bytes: Optional[int] = None,
+    compile_after: Optional[int] = None,
+    compile: Optional[bool] = None,
+    capture_source: Optional[bool] = None,
+) -> dict:
+    """Sets knobs of adaptive eager; returns the resulting policy.
+
+    max_ops: most ops in one graph (default 256; ``NEURON_LAB_MAX_GRAPH_OPS``).
+    idle_flush_bytes: when the device is idle and this many bytes of results are
+        buffered, they are launched at once instead of waiting to grow, unless a
+        cached graph starts the same way (default 1 MiB).
+    compile_after: launches of one graph before it is compiled with TorchInductor
+        in the background (default 10; ``NEURON_LAB_COMPILE_AFTER``).
+    compile: the compiled tier at all (``NEURON_LAB_COMPILE=0`` turns it off).
+    capture_source: record each op's user source line (for errors and the profiler).
+    """
+    current = _native.policy()
+    new = {
+        "max_ops": current["max_ops"] if max_ops is None else int(max_ops),
+        "idle_flush_bytes": current["idle_flush_bytes"] if idle_flush_bytes is None else int(idle_flush_bytes),
+        "compile_after": current["compile_after"] if compile_after is None else int(compile_after),
+        "compile": current["compile"] if compile is None else bool(compile),
+        "capture_source": current["capture_source"] if capture_source is None else bool(capture_source),
+    }
+    if new["max_ops"] < 1:
+        raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
+    if new["compile_after"] < 1:
+        raise ValueError(f"compile_after must be at least 1, got {new['compile_after']}")
+    if new["idle_flush_bytes"] < 0:
+        raise ValueError(f"idle_flush_bytes must be >= 0, got {new['idle_flush_bytes']}")
+    _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
+                      new["capture_source"])
+    return policy()
+
+
+def policy() -> dict:
+    """The current knobs (see ``configure``)."""
+    return dict(_native.policy())
+
+
+def _int_env(name: str) -> Optional[int]:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def apply_environment() -> None:
+    """Reads NEURON_LAB_MODE, NEURON_LAB_MAX_GRAPH_OPS, NEURON_LAB_COMPILE_AFTER, NEURON_LAB_COMPILE."""
+    name = os.environ.get("NEURON_LAB_MODE", "").strip().lower()
+    if name:
+        try:
+            _check_mode(name)
+        except ValueError as e:
+            raise ValueError(f"NEURON_LAB_MODE: {e}") from None
+        set_mode(name)
+    compile_env = os.environ.get("NEURON_LAB_COMPILE")
+    configure(
+        max_ops=_int_env("NEURON_LAB_MAX_GRAPH_OPS"),
+        compile_after=_int_env("NEURON_LAB_COMPILE_AFTER"),
+        compile=None if compile_env in (None, "") else compile_env not in ("0", "false", "no", "off"),
+    )

@@ -1,0 +1,49 @@
+"""Counters and the graph cache of adaptive eager, for programs and the profiler."""
+
+from __future__ import annotations
+
+from neuron_lab.device import _C
+
+__all__ = ["counters", "reset_counters", "graphs", "clear_graph_cache", "flush", "queue_depth"]
+
+_native = _C.adaptive
+
+
+def counters() -> dict:
+    """Every decision the runtime took since start (or ``reset_counters()``).
+
+    ops_recorded, launches (all launches, one per graph or per op in eager mode),
+    graph_launches, graphs_built (cache misses), cache_hits, compiles_requested /
+    _succeeded / _failed, compile_seconds (in the background), compiled_launches,
+    replay_launches, compiled_fallbacks (compiled code failed, replayed instead),
+    compiled_rejected (compiled code was slower than replay), inline_ops (ops run
+    on the calling thread: host reads, data-dependent shapes, ...; by op in
+    ``inline_by_op``), dead_intermediate_bytes (results that never took device
+    memory), live_result_bytes, flushes (by reason) and syncs (host waits, by reason).
+    """
+    return dict(_native.counters())
+
+
+def reset_counters() -> None:
+    """Sets every counter back to zero."""
+    _native.reset_counters()
+
+
+def graphs() -> list[dict]:
+    """The graph cache: one dict per cached graph (ops, hits, tier, timings, source line)."""
+    return list(_native.graphs())
+
+
+def clear_graph_cache() -> None:
+    """Forgets every cached graph (compiled code included)."""
+    _native.clear_graph_cache()
+
+
+def flush(device: int = -1) -> None:
+    """Launches every buffered op now (of one core, or of all with -1); does not wait."""
+    _native.flush(int(device))
+
+
+def queue_depth(device: int = 0, stream_id: int = 0) -> int:
+    """Launches enqueued on a stream and not yet executed."""
+    return int(_native.queue_depth(int(device), int(stream_id)))

@@ -1,0 +1,295 @@
+// The device's execution engine: streams as in-order queues, each drained by
+// its own device thread, so the host enqueues work and runs ahead while the
+// device executes. Several streams execute concurrently; events and waits order
+// them. Errors inside a launch are kept on the stream and raised at the next
+// wait, as CUDA reports asynchronous errors.
+#include "runtime.h"
+
+namespace neuron::lazy {
+void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
+}
+
+#include <Python.h>
+#include <c10/util/Exception.h>
+
+#include <cxxabi.h>
+
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <pthread.h>
+#include <thread>
+
+namespace neuron {
+
+struct StreamState {
+  c10::DeviceIndex device = 0;
+  c10::StreamId id = 0;
+  std::mutex mutex;
+  std::condition_variable work_ready;  // device thread waits for work
+  std::condition_variable work_done;   // waiters wait for completions
+  std::deque<Work> queue;
+  std::atomic<uint64_t> enqueued{0};
+  std::atomic<uint64_t> completed{0};
+  bool thread_started = false;
+  // The first error since the last wait that reported one; later compute
+  // launches are skipped until it is reported.
+  std::exception_ptr error;
+};
+
+namespace {
+
+constexpr int kMaxCores = 64;
+
+thread_local std::array<c10::StreamId, kMaxCores> tl_stream{};
+thread_local bool tl_on_device_thread = false;
+
+std::atomic<bool> g_threads_started{false};
+std::atomic<bool> g_bad_fork{false};
+
+struct StreamRegistry {
+  std::mutex mutex;
+  std::deque<StreamState> streams;  // index == stream id; deque keeps addresses stable
+};
+// Never destroyed: device threads may outlive static destruction at exit.
+std::array<StreamRegistry, kMaxCores>& registries() {
+  static auto* regs = new std::array<StreamRegistry, kMaxCores>();
+  return *regs;
+}
+
+StreamRegistry& registry(c10::DeviceIndex index) {
+  check_device_index(index);
+  return registries()[index];
+}
+
+StreamState& ensure_stream(StreamRegistry& reg, c10::DeviceIndex device, size_t id) {
+  // Called with reg.mutex held.
+  while (reg.streams.size() <= id) {
+    auto& s = reg.streams.emplace_back();
+    s.device = device;
+    s.id = static_cast<c10::StreamId>(reg.streams.size() - 1);
+  }
+  return reg.streams[id];
+}
+
+c10::Stream make_stream(c10::DeviceIndex index, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, index), id);
+}
+
+// Releases the GIL for the duration of a blocking wait, if this thread holds it:
+// a device thread may need it (compiled graphs) and other Python threads run on.
+class GilRelease {
+ public:
+  GilRelease() {
+    if (Py_IsInitialized() && PyGILState_Check()) state_ = PyEval_SaveThread();
+  }
+  ~GilRelease() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+void device_thread_main(StreamState* s) {
+  tl_on_device_thread = true;
+  for (;;) {
+    Work work;
+    bool skip = false;
+    {
+      std::unique_lock<std::mutex> lock(s->mutex);
+      s->work_ready.wait(lock, [&] { return !s->queue.empty(); });
+      work = std::move(s->queue.front());
+      s->queue.pop_front();
+      skip = work.skippable && s->error != nullptr;
+    }
+    std::exception_ptr failure;
+    if (!skip) {
+      try {
+        work.run();
+      } catch (abi::__forced_unwind&) {
+        throw;  // the thread is being cancelled (e.g. Python finalizing): let it end
+      } catch (...) {
+        failure = std::current_exception();
+      }
+    }
+    // Drop the launch (and the tensors it holds) before it counts as done, so
+    // that memory statistics read after a wait include its frees.
+    work = Work();
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      if (failure != nullptr && s->error == nullptr) s->error = failure;
+      s->completed.fetch_add(1, std::memory_order_release);
+    }
+    s->work_done.notify_all();
+  }
+}
+
+void on_fork_child() {
+  if (g_threads_started.load()) g_bad_fork = true;
+}
+
+void install_fork_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(nullptr, nullptr, &on_fork_child); });
+}
+
+}  // namespace
+
+bool in_bad_fork() { return g_bad_fork.load(); }
+
+void check_not_forked() {
+  TORCH_CHECK(!g_bad_fork.load(std::memory_order_relaxed),
+              "neuron: cannot use the neuron device in a process forked after the parent used it: "
+              "its runtime threads do not survive fork(). Use the 'spawn' start method, e.g. "
+              "torch.multiprocessing.set_start_method('spawn') or "
+              "DataLoader(..., multiprocessing_context='spawn').");
+}
+
+bool on_device_thread() { return tl_on_device_thread; }
+
+c10::Stream default_stream(c10::DeviceIndex index) {
+  index = resolve_device(index);
+  auto& reg = registry(index);
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  ensure_stream(reg, index, 0);
+  return make_stream(index, 0);
+}
+
+c10::Stream current_stream(c10::DeviceIndex index) {
+  index = resolve_device(index);
+  return make_stream(index, tl_stream[index]);
+}
+
+c10::Stream new_stream(c10::DeviceIndex index, int /*priority*/) {
+  index = resolve_device(index);
+  auto& reg = registry(index);
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  ensure_stream(reg, index, reg.streams.size() + (reg.streams.empty() ? 1 : 0));
+  return make_stream(index, static_cast<c10::StreamId>(reg.streams.size() - 1));
+}
+
+StreamState& stream_state(c10::Stream stream) {
+  TORCH_CHECK(stream.device_type() == kNeuron, "expected a neuron stream, got a stream on ", stream.device());
+  auto& reg = registry(stream.device_index());
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  const auto id = stream.id();
+  TORCH_CHECK(id >= 0 && (id == 0 || static_cast<size_t>(id) < reg.streams.size()), "neuron: unknown stream id ",
+              id, " on ", stream.device(), "; streams come from torch.neuron.Stream()");
+  return ensure_stream(reg, stream.device_index(), static_cast<size_t>(id));
+}
+
+int64_t num_streams(c10::DeviceIndex index) {
+  auto& reg = registry(resolve_device(index));
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  ensure_stream(reg, index, 0);
+  return static_cast<int64_t>(reg.streams.size());
+}
+
+uint64_t stream_enqueued(const StreamState& s) { return s.enqueued.load(std::memory_order_acquire); }
+uint64_t stream_completed(const StreamState& s) { return s.completed.load(std::memory_order_acquire); }
+c10::Stream stream_of(const StreamState& s) { return make_stream(s.device, s.id); }
+bool stream_idle(const StreamState& s) { return stream_completed(s) >= stream_enqueued(s); }
+
+c10::Stream exchange_stream(c10::Stream stream) {
+  stream_state(stream);  // validates
+  const auto index = stream.device_index();
+  auto previous = current_stream(index);
+  if (previous != stream) flush_stream_buffer(previous, "stream switch");
+  tl_stream[index] = stream.id();
+  return previous;
+}
+
+uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
+  check_not_forked();
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (inline_if_idle && s.queue.empty() && s.completed.load() == s.enqueued.load() && s.error == nullptr) {
+      work.run();
+      s.enqueued.fetch_add(1);
+      return s.completed.fetch_add(1) + 1;
+    }
+    if (!s.thread_started) {
+      install_fork_handler();
+      std::thread(device_thread_main, &s).detach();
+      s.thread_started = true;
+      g_threads_started = true;
+    }
+    s.queue.push_back(std::move(work));
+    seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
+  }
+  s.work_ready.notify_one();
+  return seq;
+}
+
+void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
+  if (s.completed.load(std::memory_order_acquire) < seq) {
+    GilRelease no_gil;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    s.work_done.wait(lock, [&] { return s.completed.load(std::memory_order_acquire) >= seq; });
+  }
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.error == nullptr) return;
+    std::swap(error, s.error);
+  }
+  std::rethrow_exception(error);
+}
+
+void synchronize_stream(c10::Stream stream, const char* reason) {
+  lazy::note_sync(reason);
+  flush_stream_buffer(stream, reason);
+  auto& s = stream_state(stream);
+  wait_for(s, stream_enqueued(s), reason);
+}
+
+void synchronize_device(c10::DeviceIndex index, const char* reason) {
+  index = resolve_device(index);
+  lazy::note_sync(reason);
+  flush_device_buffers(index, reason);
+  // Every stream is waited for before the first error is raised: a
+  // synchronize leaves the device idle either way.
+  std::exception_ptr first;
+  for (int64_t id = 0; id < num_streams(index); ++id) {
+    auto& s = stream_state(make_stream(index, static_cast<c10::StreamId>(id)));
+    try {
+      wait_for(s, stream_enqueued(s), reason);
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
+void synchronize_all(const char* reason) {
+  std::exception_ptr first;
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    try {
+      synchronize_device(d, reason);
+    } catch (...) {
+      if (first == nullptr) first = std::current_exception();
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
+// Inline work counts as a launch of the current stream only when that stream
+// is idle: with launches queued, a count taken as done would let a waiter take
+// an unfinished queued launch for done (completions are counts, not ids).
+LaunchScope::LaunchScope(c10::DeviceIndex device, bool synced) {
+  if (!synced) synchronize_device(device, "native kernel");
+  stream_ = &stream_state(current_stream(device));
+  std::lock_guard<std::mutex> lock(stream_->mutex);
+  if (stream_->completed.load() == stream_->enqueued.load()) {
+    stream_->enqueued.fetch_add(1);
+    stream_->completed.fetch_add(1);
+  }
+}
+
+LaunchScope::~LaunchScope() = default;
+
+}  // namespace neuron
