@@ -1,15 +1,28 @@
-"""Caching-allocator statistics, capacity and out-of-memory behaviour."""
+"""Caching-allocator statistics, capacity and out-of-memory behaviour.
+
+These tests check the allocator itself, allocation by allocation, so they run
+in blocking mode, where a tensor gets its memory when it is created. In the
+asynchronous modes memory is given when a launch is flushed or statistics are
+read (tests/test_adaptive_eager.py checks that).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import neuron_lab
 from conftest import run_python
 
 MiB = 2**20
 
-pytestmark = pytest.mark.usefixtures("no_stray_frees")
+pytestmark = pytest.mark.usefixtures("no_stray_frees", "blocking_mode")
+
+
+@pytest.fixture
+def blocking_mode():
+    with neuron_lab.mode("blocking"):
+        yield
 
 
 def test_allocated_bytes_are_exact() -> None:
@@ -118,7 +131,7 @@ def test_small_core_releases_cache_before_oom() -> None:
             print("OOM", "54.00 MiB of 64.00 MiB in use" in str(e), "tried to allocate 30.00 MiB" in str(e))
         print(int(keep.sum().item()), torch.neuron.memory_stats()["num_ooms"])
         """,
-        env={"NEURON_LAB_CORE_MEMORY": "64MiB"},
+        env={"NEURON_LAB_CORE_MEMORY": "64MiB", "NEURON_LAB_MODE": "blocking"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "50", "OOM", "True", "True", str(2**20), "1"]

@@ -56,5 +56,7 @@ def test_error_inputs_raise_like_the_cpu(op) -> None:
                 pass
             with pytest.raises(Exception) as raised:
                 op(inp, *args, **kwargs)
+                # In the asynchronous modes a kernel's error is raised at the next wait.
+                torch.neuron.synchronize()
         assert str(raised.value), "the error must say what is wrong"
     assert torch.ones(2, device="neuron").sum().item() == 2.0  # the device still works

@@ -28,10 +28,11 @@ def test_stream_context_routes_launches_in_order() -> None:
     with torch.neuron.stream(s):
         assert torch.neuron.current_stream() == s
         x = torch.ones(10, device="neuron")
-        y = x * 2 + 1  # mul and add: two launches on s (plus the fill of ones)
+        y = x * 2 + 1  # launches on s: one per op, or one fused graph in adaptive mode
     assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    s.synchronize()
     enqueued, completed = launches(s)
-    assert enqueued >= 3 and enqueued == completed
+    assert enqueued >= 1 and enqueued == completed
     assert launches(torch.neuron.default_stream()) == before_default
     assert y.sum().item() == 30
 
@@ -45,7 +46,8 @@ def test_streams_are_per_core() -> None:
         torch.ones(3, device="neuron:1").add_(1)
     assert torch.neuron.current_device() == 0
     assert torch.neuron.current_stream(1) == torch.neuron.default_stream(1)
-    assert launches(s1)[0] >= 2
+    torch.neuron.synchronize(1)
+    assert launches(s1)[0] >= 1
 
 
 def test_wait_stream_wait_event_and_query() -> None:
@@ -57,6 +59,7 @@ def test_wait_stream_wait_event_and_query() -> None:
     s2.wait_stream(s1)
     with torch.neuron.stream(s2):
         y = x + 1
+    s2.synchronize()  # in the asynchronous modes the work may still be running
     assert event.query() and s1.query() and s2.query()
     s2.synchronize()
     event.synchronize()

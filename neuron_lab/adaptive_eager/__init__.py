@@ -66,6 +66,10 @@ def _finish_at_exit() -> None:
 
     try:
         _C.adaptive.synchronize_all("exit")
-    except Exception:  # noqa: BLE001 - an error nobody waited for; the process is ending
-        pass
+    except Exception as e:  # noqa: BLE001 - the process is ending: say it, do not raise
+        import sys
+
+        first_line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"neuron_lab: an error in device work was never waited for: {type(e).__name__}: {first_line}",
+              file=sys.stderr)
     compiler.stop()

@@ -133,6 +133,10 @@ struct Graph {
 
 // Turns buffered records into one launch on the stream (flush).
 void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason);
+// Raises if the tensor's value was never computed (an op it depends on failed).
+void check_readable(const at::Tensor& t);
+// Clears that mark after an inline write.
+void note_written(const at::Tensor& t);
 // Waits for every launch that touches this storage's memory.
 void wait_for_storage(const c10::Storage& storage, const char* reason);
 // Structural hash of one record (the first op of a buffer; see the flush policy).

@@ -17,6 +17,7 @@
 #include <c10/core/impl/PyObjectSlot.h>
 
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <sstream>
 #include <unordered_map>
@@ -60,13 +61,21 @@ void for_each_record_tensor(const Record& r, F&& f) {
 
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
 
-// A tensor Python dropped while C++ held it keeps its Python object alive; if
-// Python takes it back, the object's references are not counted by the
-// TensorImpl. Any reference to that object beyond the TensorImpl's own is a
-// user's. (Read without the GIL: a stale count only makes a result live.)
-bool held_by_python(const c10::TensorImpl* impl) {
-  PyObject* obj = impl->pyobj_slot()->load_pyobj();
-  return obj != nullptr && Py_REFCNT(obj) > 1;
+// References to a tensor or storage from C++, not counting its Python wrapper's
+// own; `python_holds` is set when Python code holds the wrapper. (While C++
+// holds the object it holds one reference to the wrapper: see intrusive_ptr's
+// note on PyObject preservation. Read without the GIL: a stale count can only
+// make a result look alive.)
+template <typename T>
+uint32_t cpp_refs(const T* target, bool& python_holds) {
+  auto* t = const_cast<T*>(target);
+  uint32_t n = c10::raw::intrusive_ptr::use_count(t);
+  PyObject* obj = t->pyobj_slot()->load_pyobj();
+  if (obj != nullptr && n > 0) {
+    n -= 1;
+    python_holds = python_holds || Py_REFCNT(obj) > (n > 0 ? 1 : 0);
+  }
+  return n;
 }
 
 // ---- which launches touch which memory ----------------------------------------------
@@ -104,6 +113,53 @@ void sweep_accesses() {
                list.end());
     it = list.empty() ? table.erase(it) : std::next(it);
   }
+}
+
+// ---- results that were never computed ---------------------------------------------
+// When an op fails, its results and those of every later op it feeds, or that
+// its stream skips, are poisoned: reading them raises instead of returning
+// uninitialized memory. A later successful write clears the mark.
+
+std::mutex g_poison_mutex;
+std::atomic<size_t> g_poison_count{0};
+struct Poison {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // keeps the address from being reused
+  std::string why;
+};
+std::unordered_map<const c10::StorageImpl*, Poison>& poison_table() {
+  static auto* t = new std::unordered_map<const c10::StorageImpl*, Poison>();
+  return *t;
+}
+
+void poison(const c10::Storage& storage, const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_poison_mutex);
+  auto& table = poison_table();
+  if (table.size() > 1024) {
+    for (auto it = table.begin(); it != table.end();) it = it->second.storage.expired() ? table.erase(it) : std::next(it);
+  }
+  table.insert_or_assign(storage.unsafeGetStorageImpl(),
+                         Poison{c10::weak_intrusive_ptr<c10::StorageImpl>(storage.getWeakStorageImpl()), why});
+  g_poison_count = table.size();
+}
+
+std::optional<std::string> poisoned(const c10::StorageImpl* storage) {
+  if (g_poison_count.load(std::memory_order_relaxed) == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(g_poison_mutex);
+  auto it = poison_table().find(storage);
+  if (it == poison_table().end()) return std::nullopt;
+  if (it->second.storage.expired()) {
+    poison_table().erase(it);
+    g_poison_count = poison_table().size();
+    return std::nullopt;
+  }
+  return it->second.why;
+}
+
+void unpoison(const c10::StorageImpl* storage) {
+  if (g_poison_count.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(g_poison_mutex);
+  poison_table().erase(storage);
+  g_poison_count = poison_table().size();
 }
 
 // ---- the graph cache --------------------------------------------------------------------
@@ -242,6 +298,17 @@ std::string shapes_of(const Record& r) {
       out << "[" << a.toTensorList().size() << " tensors]";
     } else if (a.isTensor()) {
       out << "None";
+    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
+      // Tensor?[] (indices): shapes only; printing values would read device memory.
+      out << "[";
+      for (const c10::IValue& e : a.toList()) {
+        if (e.isTensor()) {
+          out << e.toTensor().scalar_type() << e.toTensor().sizes() << " ";
+        } else {
+          out << "None ";
+        }
+      }
+      out << "]";
     } else {
       out << a;
     }
@@ -260,9 +327,51 @@ struct Launch {
   c10::DeviceIndex device = 0;
   c10::StreamId stream_id = 0;
 
+  template <typename F>
+  static void for_each_written(const Record& r, F&& f) {
+    for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
+      if (write && on_device(t)) f(t.storage());
+    });
+  }
+
+  // The first poisoned storage a record reads, if any.
+  static std::optional<std::string> poisoned_input(const Record& r) {
+    std::optional<std::string> why;
+    for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
+      if (!why && !write && on_device(t)) why = poisoned(t.storage().unsafeGetStorageImpl());
+    });
+    return why;
+  }
+
   void replay() {
     for (auto& s : scratch) materialize_scratch(s);
-    for (auto& r : records) replay_one(r);
+    for (size_t i = 0; i < records.size(); ++i) {
+      auto& r = records[i];
+      if (auto why = poisoned_input(r)) {
+        for_each_written(r, [&](const c10::Storage& st) { poison(st, *why); });
+        continue;  // its inputs were never computed: so are not its results
+      }
+      try {
+        replay_one(r);
+      } catch (...) {
+        const std::string why = std::string(r.op.schema().operator_name().name) + " failed (recorded at " +
+                                describe_source(r.source) + ")";
+        for (size_t j = i; j < records.size(); ++j) {
+          for_each_written(records[j], [&](const c10::Storage& st) { poison(st, why); });
+        }
+        throw;
+      }
+      if (g_poison_count.load(std::memory_order_relaxed) > 0) {
+        for_each_written(r, [&](const c10::Storage& st) { unpoison(st.unsafeGetStorageImpl()); });
+      }
+    }
+  }
+
+  // The stream skipped this launch after an earlier failure.
+  void skipped() {
+    const std::string why = "it was skipped because an earlier op on neuron:" + std::to_string(int(device)) +
+                            " stream " + std::to_string(stream_id) + " failed";
+    for (const auto& r : records) for_each_written(r, [&](const c10::Storage& st) { poison(st, why); });
   }
 
   void replay_one(Record& r) {
@@ -331,7 +440,7 @@ struct Launch {
   void execute() {
     const int64_t start = now_ns();
     bool compiled = false;
-    if (graph && graph->state.load() == Graph::Compiled) {
+    if (graph && graph->state.load() == Graph::Compiled && g_poison_count.load() == 0) {
       compiled = run_compiled(*graph, inputs, input_dtypes);
       if (!compiled) counters().compiled_fallbacks.fetch_add(1);
     }
@@ -414,13 +523,13 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   auto& c = counters();
   for (auto& u : storages) {
     if (!is_pending(u.storage)) continue;
-    // u.storage itself holds one reference.
-    bool dead = u.storage.use_count() == static_cast<size_t>(u.impls.size()) + 1;
+    // u.storage itself holds one reference; each tensor of the records another.
+    bool python_holds = false;
+    bool dead = cpp_refs(u.storage.unsafeGetStorageImpl(), python_holds) == u.impls.size() + 1;
     for (const auto* impl : u.impls) {
-      dead = dead && c10::raw::intrusive_ptr::use_count(const_cast<c10::TensorImpl*>(impl)) ==
-                         static_cast<uint32_t>(held[impl]) &&
-             !held_by_python(impl);
+      dead = dead && cpp_refs(impl, python_holds) == static_cast<uint32_t>(held[impl]);
     }
+    dead = dead && !python_holds;
     u.dead = dead;
     if (dead) {
       c.dead_intermediate_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
@@ -505,10 +614,24 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   if (use_cache) c.graph_launches.fetch_add(1, std::memory_order_relaxed);
   Work work;
   work.run = [l] { l->execute(); };
+  work.on_skip = [l] { l->skipped(); };
+  work.ops = static_cast<int64_t>(l->records.size());
   const uint64_t seq = enqueue(stream, std::move(work));
   std::lock_guard<std::mutex> lock(g_access_mutex);
   for (const auto& u : storages) note_access(u.storage.unsafeGetStorageImpl(), &stream, seq);
   if (accesses().size() > 4096) sweep_accesses();
+}
+
+void check_readable(const at::Tensor& t) {
+  if (!on_device(t)) return;
+  if (auto why = poisoned(t.storage().unsafeGetStorageImpl())) {
+    TORCH_CHECK(false, "neuron: this tensor's value was never computed: ", *why,
+                ". That error was raised at an earlier wait; compute the tensor again.");
+  }
+}
+
+void note_written(const at::Tensor& t) {
+  if (on_device(t)) unpoison(t.storage().unsafeGetStorageImpl());
 }
 
 void wait_for_storage(const c10::Storage& storage, const char* reason) {

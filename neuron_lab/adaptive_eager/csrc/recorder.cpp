@@ -33,7 +33,7 @@ namespace neuron::lazy {
 // ---- mode, policy, counters ---------------------------------------------------------
 
 namespace {
-std::atomic<int> g_mode{static_cast<int>(Mode::Blocking)};  // see docs/adaptive_eager.md: default flips to adaptive once the suite passes there
+std::atomic<int> g_mode{static_cast<int>(Mode::Adaptive)};
 }
 
 Mode mode() { return static_cast<Mode>(g_mode.load(std::memory_order_relaxed)); }
@@ -43,7 +43,9 @@ void set_mode(Mode m) {
   g_mode = static_cast<int>(m);
 }
 
-bool lazy_allocation() { return mode() != Mode::Blocking && !on_device_thread(); }
+bool lazy_allocation() {
+  return mode() != Mode::Blocking && !on_device_thread() && !recording_memory_history();
+}
 
 Policy& policy() {
   static auto* p = new Policy();
@@ -104,6 +106,15 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   }
   if (op.hasTag(at::Tag::inplace_view)) return refuse("it changes a tensor's metadata in place");
   if (draws_from_cpu_default_generator(schema)) return refuse("it draws from the host's default generator");
+  // Their meta kernels give other shapes than the CPU kernels for some inputs
+  // (batch norm's saved statistics in eval mode, FFTs' onesided lengths,
+  // embedding_bag's offsets buffers).
+  for (const char* name : {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
+                           "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
+                           "aten::_batch_norm_no_update", "aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c",
+                           "aten::_embedding_bag", "aten::_embedding_bag_forward_only"}) {
+    if (schema.name() == name) return refuse("its meta kernel does not match its CPU kernel");
+  }
   const auto& args = schema.arguments();
   c.write_arg.resize(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
@@ -281,8 +292,9 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
     if (cls.return_arg[i] >= 0) continue;
     std::vector<TensorMeta> metas;
     auto add = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != c10::kMeta) return false;  // e.g. an output the mask skips
       metas.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
-      return t.defined() && t.device().type() == c10::kMeta;
+      return true;
     };
     if (v.isTensor()) {
       if (!add(v.toTensor())) return r;
@@ -484,7 +496,9 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = 0; i < n && scan.ok; ++i) {
     const auto& v = (*stack)[begin + i];
     const bool write = cls.write_arg[i];
-    const bool out_arg = write && arg_defs[i].kwarg_only();
+    // Written arguments other than a structured op's fresh outputs may be
+    // resized by the kernel (addbmm_ resizes self): the meta check says.
+    const bool out_arg = write;
     if (v.isTensor()) {
       scan_tensor(scan, v.toTensor(), write, out_arg);
     } else if (v.isTensorList()) {
@@ -504,7 +518,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   MetaResult scratch;
   const MetaResult* meta = nullptr;
-  if (cls.functional || (cls.has_out_args && !scan.out_args_fresh)) {
+  if (cls.functional || !scan.out_args_fresh) {
     meta = &meta_for(op, cls, stack->data() + begin, n, scratch);
     if (!meta->ok) return false;
   }
@@ -592,7 +606,8 @@ void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& r
     std::lock_guard<std::mutex> lock(c.mutex);
     c.inline_by_op[reason] += 1;
   }
-  if (mode() == Mode::Blocking) {
+  // Blocking mode, or a kernel on a device thread: nothing is queued behind this work.
+  if (mode() == Mode::Blocking || on_device_thread()) {
     for (const auto& t : tensors) {
       if (t.defined() && t.device().type() == kNeuron) materialize(t.storage());
     }

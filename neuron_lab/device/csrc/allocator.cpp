@@ -123,7 +123,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
-    if (data_ptr.get() == nullptr || is_pending(data_ptr)) return;
+    if (data_ptr.get() == nullptr) return;
+    if (is_pending(data_ptr)) {
+      TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == data_ptr.device().index(),
+                  "record_stream: the tensor is on neuron:", int(data_ptr.device().index()),
+                  " but the stream is on ", stream.device());
+      stream_state(stream);
+      return;
+    }
     TORCH_CHECK(data_ptr.get_deleter() == &NeuronAllocator::release_context,
                 "record_stream: this memory was not allocated by the neuron allocator");
     auto* block = static_cast<Block*>(data_ptr.get_context());
@@ -138,7 +145,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     // Statistics describe executed work: pending launches finish first.
-    if (!on_device_thread()) synchronize_device(device, "memory statistics");
+    if (!on_device_thread()) {
+      synchronize_device(device, "memory statistics");
+      materialize_all_pending(device);
+    }
     auto& core = core_for(device);
     std::lock_guard<std::mutex> lock(core.mutex);
     return core.stats;
@@ -339,6 +349,8 @@ void NeuronAllocator::release_context(void* context) { g_allocator->release(stat
 
 void set_stack_capturer(StackCapturer capturer) { g_capturer = capturer; }
 
+bool recording_memory_history() { return g_history.load(std::memory_order_relaxed); }
+
 void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_entries, bool clear) {
   g_max_entries = max_entries;
   g_stacks = enabled && stacks;
@@ -347,7 +359,14 @@ void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_ent
   if (clear) g_allocator->clear_history();
 }
 
-MemorySnapshot memory_snapshot() { return g_allocator->snapshot(); }
+MemorySnapshot memory_snapshot() {
+  // A snapshot describes executed work and the memory the program holds.
+  if (!on_device_thread()) {
+    synchronize_all("memory snapshot");
+    for (c10::DeviceIndex d = 0; d < device_count(); ++d) materialize_all_pending(d);
+  }
+  return g_allocator->snapshot();
+}
 
 size_t rounded_size(size_t nbytes) { return (nbytes + kGranularity - 1) / kGranularity * kGranularity; }
 

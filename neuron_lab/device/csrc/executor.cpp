@@ -33,6 +33,7 @@ struct StreamState {
   std::deque<Work> queue;
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> completed{0};
+  std::atomic<int64_t> queued_ops{0};
   bool thread_started = false;
   // The first error since the last wait that reported one; later compute
   // launches are skipped until it is reported.
@@ -42,6 +43,10 @@ struct StreamState {
 namespace {
 
 constexpr int kMaxCores = 64;
+// A host that runs further ahead than this many queued ops waits (as a GPU's
+// bounded launch queue makes it): the queue stays short enough for a wait to
+// be short, and memory held by queued launches bounded.
+constexpr int64_t kMaxQueuedOps = 512;
 
 thread_local std::array<c10::StreamId, kMaxCores> tl_stream{};
 thread_local bool tl_on_device_thread = false;
@@ -106,6 +111,14 @@ void device_thread_main(StreamState* s) {
       skip = work.skippable && s->error != nullptr;
     }
     std::exception_ptr failure;
+    if (skip && work.on_skip) {
+      try {
+        work.on_skip();
+      } catch (abi::__forced_unwind&) {
+        throw;
+      } catch (...) {
+      }
+    }
     if (!skip) {
       try {
         work.run();
@@ -117,7 +130,9 @@ void device_thread_main(StreamState* s) {
     }
     // Drop the launch (and the tensors it holds) before it counts as done, so
     // that memory statistics read after a wait include its frees.
+    const int64_t ops = work.ops;
     work = Work();
+    s->queued_ops.fetch_sub(ops);
     {
       std::lock_guard<std::mutex> lock(s->mutex);
       if (failure != nullptr && s->error == nullptr) s->error = failure;
@@ -205,6 +220,13 @@ c10::Stream exchange_stream(c10::Stream stream) {
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
+  // Back-pressure: like a GPU's launch queue, a stream holds a bounded number
+  // of launches; a host that runs too far ahead waits (without the GIL).
+  if (!on_device_thread() && s.queued_ops.load() >= kMaxQueuedOps) {
+    GilRelease no_gil;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    s.work_done.wait(lock, [&] { return s.queued_ops.load() < kMaxQueuedOps; });
+  }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (inline_if_idle && s.queue.empty() && s.completed.load() == s.enqueued.load() && s.error == nullptr) {
@@ -218,6 +240,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       s.thread_started = true;
       g_threads_started = true;
     }
+    s.queued_ops.fetch_add(work.ops);
     s.queue.push_back(std::move(work));
     seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   }

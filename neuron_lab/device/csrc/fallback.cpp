@@ -248,10 +248,12 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = args.size();
   const size_t begin = stack->size() - num_args;
   // Otherwise the op runs here, now: first every launch using its memory finishes.
+  std::vector<at::Tensor> written;
   {
     std::vector<at::Tensor> touched;
     for (size_t i = 0; i < num_args; ++i) {
       const auto& value = (*stack)[begin + i];
+      const size_t first = touched.size();
       if (value.isTensor()) {
         touched.push_back(value.toTensor());
       } else if (value.isTensorList()) {
@@ -261,8 +263,17 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           if (v.isTensor()) touched.push_back(v.toTensor());
         }
       }
+      if (is_write(args[i])) written.insert(written.end(), touched.begin() + first, touched.end());
     }
     sync_tensors(touched, schema.operator_name().name);
+    for (size_t i = 0; i < touched.size(); ++i) {
+      // Inputs must hold computed values; what the op writes is overwritten.
+      if (std::find_if(written.begin(), written.end(), [&](const at::Tensor& t) {
+            return t.unsafeGetTensorImpl() == touched[i].unsafeGetTensorImpl();
+          }) == written.end()) {
+        lazy::check_readable(touched[i]);
+      }
+    }
   }
   Call call(op);
 
@@ -315,6 +326,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   op_counters().fallback_ops += 1;
   call.write_back();
+  for (const auto& t : written) lazy::note_written(t);
 
   const size_t num_returns = schema.returns().size();
   const size_t ret_begin = stack->size() - num_returns;

@@ -117,6 +117,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   // the device memory (a read of results from the host waits for them).
   sync_tensors({self, dst}, dst_on_device ? (src_on_device ? "copy between cores" : "copy from host")
                                           : "copy to host");
+  lazy::check_readable(self);
   {
     LaunchScope launch(device, /*synced=*/true);
     if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
@@ -127,6 +128,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
       host_view(dst).copy_(host_view(self));
     }
   }
+  lazy::note_written(dst);
   if (src_on_device && dst_on_device) {
     counters.device_to_device_bytes += bytes;
   } else if (dst_on_device) {
@@ -195,9 +197,27 @@ void grow_storage_for(const c10::Storage& storage, c10::IntArrayRef sizes, c10::
   if (c10::multiply_integers(sizes) > 0 && needed > storage.nbytes()) resize_storage_bytes(storage, needed);
 }
 
+// In-place metadata changes (transpose_, unsqueeze_, ..., resize_, set_): the
+// launches that use the tensor read its metadata when they run, so they finish
+// first. Then the CPU's metadata-only kernel.
+void sync_then_change_metadata(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::vector<at::Tensor> tensors;
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    if ((*stack)[i].isTensor()) tensors.push_back((*stack)[i].toTensor());
+  }
+  if (lazy::mode() != lazy::Mode::Blocking) sync_tensors(tensors, op.schema().operator_name().name);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+void sync_before_metadata_change(const at::Tensor& self, const char* what) {
+  if (lazy::mode() != lazy::Mode::Blocking) sync_tensors({self}, what);
+}
+
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
                           std::optional<c10::MemoryFormat> memory_format) {
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  sync_before_metadata_change(self, "aten::resize_");
   check_sizes(sizes);
   if (self.sizes() == sizes && !memory_format.has_value()) return self;  // as on the CPU: strides kept
   const auto strides = strides_for(sizes, memory_format.value_or(c10::MemoryFormat::Contiguous));
@@ -210,6 +230,7 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt stora
                         c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
   TORCH_CHECK(source.device_type() == kNeuron, "neuron: set_() needs a neuron storage, got one on ",
               source.device());
+  sync_before_metadata_change(self, "aten::set_");
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
   check_sizes(sizes);
   const auto offset = storage_offset.expect_int();
@@ -351,6 +372,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("convolution_overrideable", TORCH_FN(convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+  for (const char* name : {"transpose_", "t_", "squeeze_", "squeeze_.dim", "squeeze_.dims", "unsqueeze_",
+                           "as_strided_"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&sync_then_change_metadata>());
+  }
 }
 
 // Conjugate/negative views are resolved by the CPU copy kernel (the host alias

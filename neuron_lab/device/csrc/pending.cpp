@@ -13,6 +13,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <mutex>
 #include <sys/mman.h>
 
@@ -46,7 +47,56 @@ std::mutex& materialize_mutex() {
 
 void free_scratch(void* ctx) { c10::free_cpu(ctx); }
 
+// Every pending storage, weakly: memory statistics give the live ones memory.
+std::mutex& registry_mutex() {
+  static auto* m = new std::mutex();
+  return *m;
+}
+std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>& registry() {
+  static auto* r = new std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>>();
+  return *r;
+}
+size_t g_registry_sweep_at = 1024;
+
+void register_pending(const c10::intrusive_ptr<c10::StorageImpl>& storage) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto& r = registry();
+  if (r.size() >= g_registry_sweep_at) {
+    r.erase(std::remove_if(r.begin(), r.end(),
+                           [](const auto& w) {
+                             if (w.expired()) return true;
+                             auto s = w.lock();
+                             return !s || !is_pending(c10::Storage(s));
+                           }),
+            r.end());
+    g_registry_sweep_at = std::max<size_t>(1024, 2 * r.size());
+  }
+  r.emplace_back(storage);
+}
+
 }  // namespace
+
+void materialize_all_pending(c10::DeviceIndex device) {
+  std::vector<c10::Storage> alive;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    auto& r = registry();
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> keep;
+    for (auto& w : r) {
+      auto s = w.lock();
+      if (!s) continue;
+      c10::Storage st(std::move(s));
+      if (!is_pending(st)) continue;
+      if (st.device().index() == device) {
+        alive.push_back(std::move(st));
+      } else {
+        keep.emplace_back(w);
+      }
+    }
+    r.swap(keep);
+  }
+  for (auto& st : alive) materialize(st);
+}
 
 c10::DataPtr pending_data_ptr(c10::DeviceIndex device) {
   return c10::DataPtr(zero_region().base, nullptr, &no_delete, c10::Device(kNeuron, device));
@@ -89,6 +139,7 @@ at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::
   auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                        pending_data_ptr(device), allocator(),
                                                        /*resizable=*/true);
+  register_pending(storage);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys,
                                                          c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);

@@ -62,7 +62,9 @@ bool stream_idle(const StreamState& s);
 // stream skips its later compute launches until then (their inputs may be wrong).
 struct Work {
   std::function<void()> run;
+  std::function<void()> on_skip;  // called instead of run when the work is skipped
   bool skippable = true;  // false for event markers and cross-stream waits
+  int64_t ops = 1;        // ops it runs: a stream holds a bounded number queued
 };
 // Enqueues on a stream and returns the launch's sequence number.
 // inline_if_idle: a stream with nothing queued runs the work at once, on the
@@ -146,6 +148,9 @@ struct MemorySnapshot {
 // enabled: block stacks are kept; trace: every allocator action is logged too.
 void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_entries, bool clear);
 MemorySnapshot memory_snapshot();
+// While history is recorded, tensors get memory when created (not when their
+// launch is flushed), so that each block names the line that made it.
+bool recording_memory_history();
 
 // ---- pending memory (pending.cpp) -------------------------------------------
 // A recorded op's result gets its device memory when its launch is flushed, and
@@ -160,6 +165,9 @@ void materialize(const c10::Storage& storage);
 // Gives a pending storage host scratch memory that the allocator does not count
 // (the intermediates of a fused graph, as on-chip memory would hold them).
 void materialize_scratch(const c10::Storage& storage);
+// Gives every pending storage of a core that is still alive device memory:
+// memory statistics then count what the program holds (call after a flush).
+void materialize_all_pending(c10::DeviceIndex device);
 // A neuron tensor whose storage is pending (no device memory yet).
 at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                          c10::DeviceIndex device);

@@ -1,0 +1,601 @@
+"""Adaptive eager (issue 3): ops on neuron tensors are recorded per stream, launched
+asynchronously as fused graphs, cached, and keep eager semantics: same values as the
+CPU, errors surfacing at the next wait with the user's line, dead intermediates that
+never take device memory, streams ordered by events, threads and fork handled."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+
+import pytest
+import torch
+
+import neuron_lab
+from neuron_lab import adaptive_eager as ae
+
+from conftest import run_python
+
+THIS_FILE = os.path.basename(__file__)
+
+
+@pytest.fixture(autouse=True)
+def _clean_runtime():
+    """Every test starts and ends in adaptive mode with the default policy and no pending work."""
+    torch.neuron.synchronize()
+    previous_mode = neuron_lab.get_mode()
+    previous_policy = ae.policy()
+    neuron_lab.set_mode("adaptive")
+    ae.reset_counters()
+    try:
+        yield
+    finally:
+        try:
+            torch.neuron.synchronize()
+        finally:
+            neuron_lab.set_mode(previous_mode)
+            neuron_lab.configure(**previous_policy)
+
+
+def settled_counters() -> dict:
+    torch.neuron.synchronize()
+    return ae.counters()
+
+
+def chain(x: torch.Tensor) -> torch.Tensor:
+    """A small chain of elementwise ops, reductions, a matmul and views."""
+    y = (x * 2 + 1).sin()
+    y = y @ x.T / x.shape[1]
+    y = torch.relu(y - y.mean(dim=1, keepdim=True))
+    y = y.T.contiguous().view(-1)[: x.numel() // 2].exp().reshape(x.shape[0], -1)
+    return y.cumsum(dim=1) + y.amax()
+
+
+# ---- the mode API ------------------------------------------------------------------------
+
+
+def test_mode_api_and_errors() -> None:
+    assert neuron_lab.get_mode() == "adaptive"
+    for name in ("eager", "blocking", "adaptive"):
+        neuron_lab.set_mode(name)
+        assert neuron_lab.get_mode() == name
+    with neuron_lab.mode("blocking"):
+        assert neuron_lab.get_mode() == "blocking"
+        with neuron_lab.mode("eager"):
+            assert neuron_lab.get_mode() == "eager"
+        assert neuron_lab.get_mode() == "blocking"
+    assert neuron_lab.get_mode() == "adaptive"
+    with pytest.raises(KeyError):
+        with neuron_lab.mode("eager"):
+            raise KeyError("inside")
+    assert neuron_lab.get_mode() == "adaptive"  # restored on an exception too
+
+    with pytest.raises(ValueError, match="unknown neuron execution mode 'fast'"):
+        neuron_lab.set_mode("fast")
+    with pytest.raises(ValueError):
+        with neuron_lab.mode("Adaptive"):
+            pass
+    assert neuron_lab.get_mode() == "adaptive"  # a bad name changes nothing
+
+
+def test_configure_returns_the_policy_and_checks_values() -> None:
+    policy = neuron_lab.configure(max_ops=17, compile_after=3)
+    assert policy["max_ops"] == 17 and policy["compile_after"] == 3
+    assert ae.policy() == policy
+    assert neuron_lab.configure() == policy  # no arguments: nothing changes
+    for bad in ({"max_ops": 0}, {"compile_after": 0}, {"idle_flush_bytes": -1}):
+        with pytest.raises(ValueError):
+            neuron_lab.configure(**bad)
+    assert ae.policy() == policy  # a rejected configuration changes nothing
+
+
+def test_mode_from_the_environment() -> None:
+    result = run_python(
+        """
+        import torch, neuron_lab
+        print(neuron_lab.get_mode())
+        """,
+        env={"NEURON_LAB_MODE": "eager"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["eager"]
+
+
+# ---- values and fusion -------------------------------------------------------------------
+
+
+def test_every_mode_gives_the_cpu_result_of_a_chain() -> None:
+    x_cpu = torch.randn(8, 6)
+    expected = chain(x_cpu)
+    for name in ("adaptive", "eager", "blocking"):
+        with neuron_lab.mode(name):
+            got = chain(x_cpu.to("neuron")).cpu()
+        torch.testing.assert_close(got, expected, msg=lambda m, name=name: f"mode {name}: {m}")
+
+
+def test_adaptive_fuses_a_chain_and_eager_launches_each_op() -> None:
+    x = torch.randn(100, device="neuron")
+    expected = x.cpu()
+    for _ in range(50):
+        expected = expected * 1.01 + 0.5
+    torch.neuron.synchronize()
+
+    results = {}
+    for name in ("adaptive", "eager"):
+        with neuron_lab.mode(name):
+            ae.reset_counters()
+            y = x
+            for _ in range(50):
+                y = y * 1.01 + 0.5
+            results[name] = settled_counters()
+            torch.testing.assert_close(y.cpu(), expected)
+
+    adaptive, eager = results["adaptive"], results["eager"]
+    assert adaptive["ops_recorded"] == 100
+    assert 1 <= adaptive["launches"] <= 2
+    assert adaptive["graph_launches"] == adaptive["launches"]
+    assert adaptive["inline_ops"] == 0
+    assert eager["ops_recorded"] == 100
+    assert eager["launches"] == 100  # one launch per op
+    assert eager["flushes"].get("eager", 0) == 100
+
+
+def test_max_ops_bounds_a_graph() -> None:
+    neuron_lab.configure(max_ops=10)
+    x = torch.randn(64, device="neuron")
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    y = x
+    for _ in range(35):
+        y = y + 1
+    counters = settled_counters()
+    assert counters["ops_recorded"] == 35
+    assert counters["launches"] == 4
+    assert counters["flushes"].get("op limit", 0) == 3
+    torch.testing.assert_close(y.cpu(), x.cpu() + 35)
+
+
+def test_deterministic_algorithms_launch_op_by_op() -> None:
+    x = torch.randn(100, device="neuron")
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        y = x
+        for _ in range(10):
+            y = y * 1.5
+        counters = settled_counters()
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+    assert counters["ops_recorded"] == 10
+    assert counters["launches"] == 10
+    assert counters["flushes"].get("eager", 0) == 10
+    torch.testing.assert_close(y.cpu(), x.cpu() * 1.5**10)
+
+    ae.reset_counters()  # fusion is back once determinism is off
+    y = x
+    for _ in range(10):
+        y = y * 1.5
+    assert settled_counters()["launches"] == 1
+
+
+# ---- views, in-place ops and ordering across graph boundaries ----------------------------
+
+
+def test_in_place_on_a_view_then_flush_then_read_the_base() -> None:
+    base = torch.zeros(3, 4, device="neuron")
+    row = base[1]
+    row.add_(5)
+    ae.flush()
+    base[:, 2].mul_(0).add_(7)  # another view of the same memory, in a new buffer
+    ae.flush()
+    expected = torch.zeros(3, 4)
+    expected[1] = 5
+    expected[:, 2] = 7
+    assert torch.equal(base.cpu(), expected)
+    assert torch.equal(row.cpu(), expected[1])
+
+
+def test_in_place_on_a_view_of_a_pending_result() -> None:
+    x = torch.arange(12.0, device="neuron").reshape(3, 4)
+    t = x * 1  # pending
+    t[0].add_(1)  # a view of a pending result, written in the same buffer
+    total = t.sum()  # reads the write
+    t.T[2].mul_(3)  # a strided view, written after the read
+    flat = t.view(-1)
+    ae.flush()
+    flat[-1] = 100.0  # after a flush, through another view
+    expected = torch.arange(12.0).reshape(3, 4)
+    expected[0] += 1
+    expected_total = expected.sum().item()
+    expected[:, 2] *= 3
+    expected.view(-1)[-1] = 100.0
+    assert torch.equal(t.cpu(), expected)
+    assert total.item() == expected_total
+
+
+def test_in_place_write_after_a_pending_read() -> None:
+    w = torch.ones(5, device="neuron")
+    doubled = w * 2  # reads w, pending
+    total = w.sum()  # reads w, pending
+    w.add_(10)  # must not change what the reads above see
+    after = w + 0
+    assert torch.equal(doubled.cpu(), torch.full((5,), 2.0))
+    assert total.item() == 5.0
+    assert torch.equal(after.cpu(), torch.full((5,), 11.0))
+
+    v = torch.ones(5, device="neuron")
+    read = v.sum()
+    ae.flush()  # the read is launched (maybe not run yet) before the write is recorded
+    v.mul_(100)
+    assert read.item() == 5.0
+    assert v.sum().item() == 500.0
+
+
+# ---- streams and events ------------------------------------------------------------------
+
+
+def test_two_streams_ordered_by_events() -> None:
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    x_cpu = torch.randn(128, 128)
+    x = x_cpu.to("neuron")
+    torch.neuron.synchronize()
+    start = torch.neuron.Event(enable_timing=True)
+    produced = torch.neuron.Event(enable_timing=True)
+    with torch.neuron.stream(s1):
+        start.record()
+        y = x
+        for _ in range(20):
+            y = torch.tanh(y @ x / 16)
+        produced.record()
+    s2.wait_event(produced)
+    with torch.neuron.stream(s2):
+        z = y * 2 + 1
+        y.record_stream(s2)
+        consumed = s2.record_event()
+    s1.wait_event(consumed)
+    with torch.neuron.stream(s1):
+        y.add_(1000)  # after s2 has read y
+    torch.neuron.synchronize()
+
+    expected_y = x_cpu
+    for _ in range(20):
+        expected_y = torch.tanh(expected_y @ x_cpu / 16)
+    torch.testing.assert_close(z.cpu(), expected_y * 2 + 1, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y.cpu(), expected_y + 1000, rtol=1e-4, atol=1e-4)
+    assert start.elapsed_time(produced) > 0.0
+    assert ae.counters()["flushes"].get("event record", 0) >= 1
+
+
+# ---- random numbers ----------------------------------------------------------------------
+
+
+def random_program(device: str) -> list[torch.Tensor]:
+    torch.manual_seed(1234)
+    a = torch.randn(7, 3, device=device)
+    b = a * 2 + torch.rand(7, 3, device=device)  # random ops interleaved with others
+    c = torch.randint(0, 100, (11,), device=device)
+    d = torch.empty(5, device=device).normal_(3.0, 0.5)
+    e = torch.randperm(9, device=device)
+    return [t.cpu() for t in (a, b, c, d, e)]
+
+
+@pytest.mark.parametrize("name", ["adaptive", "eager"])
+def test_random_ops_match_the_cpu_for_the_same_seed(name: str) -> None:
+    expected = random_program("cpu")
+    with neuron_lab.mode(name):
+        got = random_program("neuron")
+        again = random_program("neuron")
+    for g, a, e in zip(got, again, expected):
+        assert torch.equal(g, e)
+        assert torch.equal(a, e)
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("wait", ["synchronize", "item", "cpu", "print"])
+def test_error_in_a_fused_graph_surfaces_at_the_next_wait(wait: str) -> None:
+    x_cpu = torch.randn(4, 5)
+    x = x_cpu.to("neuron")
+    bad = torch.tensor([0, 9], device="neuron")
+    before = x * 3  # computed in an earlier launch
+    torch.neuron.synchronize()
+    ae.reset_counters()
+
+    same_graph_before = x + 1  # recorded before the failing op, in its graph
+    picked = x.index_select(0, bad); line = __import__("inspect").currentframe().f_lineno  # noqa: E702
+    total = picked.sum()
+    assert ae.counters()["launches"] == 0  # nothing ran yet: the error is in the buffer
+
+    with pytest.raises(IndexError) as info:
+        if wait == "synchronize":
+            torch.neuron.synchronize()
+        elif wait == "item":
+            total.item()
+        elif wait == "cpu":
+            picked.cpu()
+        else:
+            print(picked)
+    message = str(info.value)
+    assert "failed on neuron" in message
+    assert "aten::index_select" in message
+    assert "Float[4, 5]" in message and "Long[2]" in message
+    assert f"recorded at {__file__}:{line}" in message or f"{THIS_FILE}:{line}" in message
+
+    # reported once; the runtime keeps working and earlier results keep their values
+    torch.neuron.synchronize()
+    assert torch.equal(before.cpu(), x_cpu * 3)
+    assert torch.equal(same_graph_before.cpu(), x_cpu + 1)
+    assert torch.equal((x * 2).cpu(), x_cpu * 2)
+    assert x.index_select(0, torch.tensor([3, 0], device="neuron")).cpu().equal(x_cpu[[3, 0]])
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        pytest.param(lambda x: torch.multinomial(torch.tensor([0.5, -1.0, 0.5], device="neuron"), 1),
+                     id="multinomial"),
+        pytest.param(lambda x: torch.nn.functional.nll_loss(x.log_softmax(1), torch.tensor([0, 9, 1, 2],
+                                                                                        device="neuron")),
+                     id="nll_loss"),
+        pytest.param(lambda x: torch.gather(x, 1, torch.tensor([[9]], device="neuron")), id="gather"),
+    ],
+)
+def test_kernel_errors_surface_at_synchronize(op) -> None:
+    x = torch.randn(4, 5, device="neuron")
+    op(x)  # recorded; the check is in the CPU kernel
+    with pytest.raises((RuntimeError, IndexError), match="failed on neuron"):
+        torch.neuron.synchronize()
+    torch.neuron.synchronize()  # reported once
+    assert (x * 0).sum().item() == 0.0
+
+
+def test_ops_recorded_after_a_failing_op_are_not_silently_wrong() -> None:
+    """An op recorded after the failing one, independent of it, either runs or raises
+    when read; it must not hand back memory that was never written."""
+    x = torch.ones(4, device="neuron")
+    bad = torch.tensor([0, 500], device="neuron")
+    torch.neuron.synchronize()
+    first = x * 2
+    x.index_select(0, bad)
+    later = first + 1  # independent of the failing op
+    with pytest.raises(IndexError, match="failed on neuron"):
+        torch.neuron.synchronize()
+    assert torch.equal(first.cpu(), torch.full((4,), 2.0))
+    try:
+        value = later.cpu()
+    except RuntimeError:
+        return  # reading a result the error skipped is an error: fine
+    assert torch.equal(value, torch.full((4,), 3.0))
+
+
+def test_blocking_mode_raises_at_the_op() -> None:
+    x = torch.randn(4, 5, device="neuron")
+    bad = torch.tensor([0, 9], device="neuron")
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    with neuron_lab.mode("blocking"):
+        with pytest.raises(IndexError, match="index out of range"):
+            x.index_select(0, bad)
+        y = x * 2  # and keeps working
+    torch.neuron.synchronize()  # nothing left to report
+    assert torch.equal(y.cpu(), x.cpu() * 2)
+    counters = ae.counters()
+    assert counters["ops_recorded"] == 0
+    assert counters["inline_ops"] >= 2
+
+
+# ---- threads -----------------------------------------------------------------------------
+
+
+def run_in_threads(target, count: int) -> list:
+    results: list = [None] * count
+    errors: list = []
+    barrier = threading.Barrier(count)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def thread_program(i: int, device: str) -> torch.Tensor:
+    b = torch.full((1000,), float(i), device=device)
+    for _ in range(50):
+        b = b * 1.0 + i
+    m = torch.eye(16, device=device) * (i + 1)
+    for _ in range(10):
+        m = torch.tanh(m @ m / 16 + i)
+    return torch.cat([b[:4], m.reshape(-1)[:4]]).cpu()
+
+
+@pytest.mark.parametrize("own_stream", [False, True], ids=["default_stream", "own_stream"])
+def test_four_threads_compute_concurrently(own_stream: bool) -> None:
+    expected = [thread_program(i, "cpu") for i in range(4)]
+
+    def work(i: int) -> list[torch.Tensor]:
+        outs = []
+        for _ in range(5):
+            if own_stream:
+                with torch.neuron.stream(torch.neuron.Stream()):
+                    outs.append(thread_program(i, "neuron"))
+            else:
+                outs.append(thread_program(i, "neuron"))
+        return outs
+
+    for i, outs in enumerate(run_in_threads(work, 4)):
+        for got in outs:
+            torch.testing.assert_close(got, expected[i], msg=lambda m, i=i: f"thread {i}: {m}")
+
+
+# ---- memory ------------------------------------------------------------------------------
+
+
+def test_dead_intermediates_take_no_device_memory(no_stray_frees) -> None:
+    x = torch.randn(1024, device="neuron")  # 4096 bytes
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    base = torch.neuron.memory_allocated()
+    torch.neuron.reset_peak_memory_stats()
+    y = ((x * 2).sin() + 1)
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() - base == 4096
+    assert torch.neuron.max_memory_allocated() - base == 4096  # only y ever held memory
+    counters = ae.counters()
+    assert counters["dead_intermediate_bytes"] == 2 * 4096
+    assert counters["live_result_bytes"] == 4096
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin() + 1)
+
+
+def test_eager_mode_gives_every_result_memory(no_stray_frees) -> None:
+    x = torch.randn(1024, device="neuron")
+    torch.neuron.synchronize()
+    with neuron_lab.mode("eager"):
+        ae.reset_counters()
+        base = torch.neuron.memory_allocated()
+        torch.neuron.reset_peak_memory_stats()
+        y = ((x * 2).sin() + 1)
+        torch.neuron.synchronize()
+        assert torch.neuron.max_memory_allocated() - base >= 2 * 4096
+        assert torch.neuron.memory_allocated() - base == 4096
+        counters = ae.counters()
+    assert counters["dead_intermediate_bytes"] == 0
+    assert counters["launches"] == 3
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin() + 1)
+
+
+# ---- the graph cache in a training loop ------------------------------------------------
+
+
+def test_steady_state_training_hits_the_cache() -> None:
+    neuron_lab.configure(compile_after=10**6)  # restored by the fixture
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+    )
+    cpu_model = copy.deepcopy(model)
+    model.to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.01, momentum=0.9)
+    x_cpu, y_cpu = torch.randn(64, 16), torch.randn(64, 1)
+    x, y = x_cpu.to("neuron"), y_cpu.to("neuron")
+
+    def step(m, o, inputs, targets) -> float:
+        loss = torch.nn.functional.mse_loss(m(inputs), targets)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        return loss.item()
+
+    for _ in range(3):
+        step(model, opt, x, y)
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    graphs_before = len(ae.graphs())
+    losses = [step(model, opt, x, y) for _ in range(10)]
+    counters = settled_counters()
+
+    assert counters["graphs_built"] == 0
+    assert len(ae.graphs()) == graphs_before
+    assert counters["cache_hits"] >= 10
+    assert counters["cache_hits"] == counters["graph_launches"]
+    assert counters["compiles_requested"] == 0
+    assert counters["launches"] < counters["ops_recorded"]
+    assert counters["syncs"].get("aten::_local_scalar_dense", 0) == 10  # one per loss.item()
+
+    cpu_losses = [step(cpu_model, cpu_opt, x_cpu, y_cpu) for _ in range(13)][3:]
+    torch.testing.assert_close(losses, cpu_losses, rtol=1e-4, atol=1e-5)
+
+
+def test_graphs_describe_their_source() -> None:
+    ae.clear_graph_cache()
+    x = torch.randn(32, device="neuron")
+    torch.neuron.synchronize()
+    line = __import__("inspect").currentframe().f_lineno + 1
+    y = x * 3 + 2
+    torch.neuron.synchronize()
+    ours = [g for g in ae.graphs() if g["first_op"] == "aten::mul"]
+    assert len(ours) == 1, ae.graphs()
+    g = ours[0]
+    assert g["ops"] == 2 and g["hits"] == 1
+    assert g["source"] == f"{__file__}:{line} in test_graphs_describe_their_source" or g["source"].endswith(
+        f"{THIS_FILE}:{line} in test_graphs_describe_their_source"
+    )
+    assert g["flush_reason"] == "synchronize"
+    assert torch.equal(y.cpu(), x.cpu() * 3 + 2)
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+
+def test_fork_after_use_is_a_clear_error_in_the_child() -> None:
+    result = run_python(
+        """
+        import os, sys
+        import torch, neuron_lab
+        x = torch.ones(3, device="neuron")
+        print("parent", x.sum().item(), flush=True)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                y = torch.ones(3, device="neuron") + 1
+                y.sum().item()
+                print("child ran", flush=True)
+                os._exit(1)
+            except RuntimeError as e:
+                print("child error:", str(e).replace("\\n", " "), flush=True)
+                os._exit(0)
+            except BaseException as e:
+                print("child other:", type(e).__name__, e, flush=True)
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        print("child status", os.waitstatus_to_exitcode(status), flush=True)
+        print("parent again", (x + 1).sum().item(), flush=True)
+        """,
+        env={"NEURON_LAB_MODE": "adaptive"},
+    )
+    out = result.stdout
+    assert "parent 3.0" in out, (out, result.stderr)
+    assert "child error:" in out and "spawn" in out.split("child error:")[1], (out, result.stderr)
+    assert "child status 0" in out, (out, result.stderr)
+    assert "parent again 6.0" in out, (out, result.stderr)
+
+
+@pytest.fixture(scope="module")
+def fresh_process():
+    """One fresh interpreter without NEURON_LAB_MODE: it reports its mode, then leaves
+    adaptive-mode work pending at exit."""
+    return run_python(
+        """
+        import torch, neuron_lab
+        print("mode", neuron_lab.get_mode(), flush=True)
+        neuron_lab.set_mode("adaptive")
+        x = torch.randn(64, 64, device="neuron")
+        y = (x @ x).relu().sum()   # left pending at exit
+        print("ok", flush=True)
+        """,
+        env={"NEURON_LAB_MODE": ""},
+    )
+
+
+def test_default_mode_is_adaptive(fresh_process) -> None:
+    assert "mode adaptive" in fresh_process.stdout.splitlines(), (fresh_process.stdout, fresh_process.stderr[-2000:])
+
+
+def test_a_process_with_pending_work_exits_cleanly(fresh_process) -> None:
+    assert fresh_process.returncode == 0, fresh_process.stderr[-2000:]
+    assert fresh_process.stdout.splitlines()[-1] == "ok"
+    assert "Traceback" not in fresh_process.stderr, fresh_process.stderr[-2000:]
