@@ -599,3 +599,36 @@ def test_a_process_with_pending_work_exits_cleanly(fresh_process) -> None:
     assert fresh_process.returncode == 0, fresh_process.stderr[-2000:]
     assert fresh_process.stdout.splitlines()[-1] == "ok"
     assert "Traceback" not in fresh_process.stderr, fresh_process.stderr[-2000:]
+
+
+def test_hot_graph_is_compiled_and_matches_the_cpu() -> None:
+    """The compiled tier: a graph seen compile_after times is compiled in the background,
+    then runs as compiled code, with results that match the CPU (in-place ops and a view
+    included; intermediates dead, one result kept, one input updated in place)."""
+    neuron_lab.configure(compile_after=2)
+
+    def step(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+        y = torch.sin(x) * 1.5 + torch.cos(x) * 0.25
+        acc[1:].add_(y[1:] * 0.5)  # in place, through a view of an input
+        return (y * y).relu() - 0.125
+
+    x_cpu = torch.randn(4096)
+    acc_cpu = torch.zeros(4096)
+    x = x_cpu.to("neuron")
+    acc = acc_cpu.to("neuron")
+    expected_acc = acc_cpu.clone()
+    for _ in range(4):
+        out = step(x, acc)
+        expected = step(x_cpu, expected_acc)
+        torch.neuron.synchronize()
+    assert ae.wait_for_compiles(timeout=300)
+    ae.reset_counters()
+    for _ in range(3):
+        out = step(x, acc)
+        expected = step(x_cpu, expected_acc)
+        torch.neuron.synchronize()  # one graph per step, as in warm-up
+    counters = ae.counters()
+    assert counters["compiled_launches"] >= 1, (counters, ae.graphs())
+    assert counters["compiles_failed"] == 0 and counters["compiled_fallbacks"] == 0, ae.graphs()
+    torch.testing.assert_close(out.cpu(), expected)
+    torch.testing.assert_close(acc.cpu(), expected_acc)

@@ -12,6 +12,8 @@ processes. A graph that fails to compile is replayed, and counted.
 
 from __future__ import annotations
 
+import functools
+import operator
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -46,6 +48,66 @@ def _dtype(name: str) -> torch.dtype:
 
 def _type_name(arg: Any) -> str:
     return str(arg.type).replace("Optional[", "").rstrip("]")
+
+
+def _writes(arg: Any) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def _view_key(desc: tuple) -> tuple:
+    _, index, sizes, strides, offset, _dtype_name = desc
+    return (index, tuple(sizes), tuple(strides), offset)
+
+
+def _resolve(name: str, overload: str) -> Any:
+    namespace, op_name = name.split("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+
+
+@functools.lru_cache(maxsize=None)
+def _functional_twin(op: Any) -> Any:
+    """The overload of an out= op that takes the same inputs and returns the result."""
+    schema = op._schema
+    inputs = [(a.name, str(a.type)) for a in schema.arguments if not _writes(a)]
+    packet = getattr(getattr(torch.ops, schema.name.split("::")[0]), schema.name.split("::")[1])
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        cs = candidate._schema
+        if any(_writes(a) for a in cs.arguments) or any(r.alias_info is not None for r in cs.returns):
+            continue
+        if [(a.name, str(a.type)) for a in cs.arguments] == inputs and len(cs.returns) == 1:
+            return candidate
+    return None
+
+
+def _write_once_storages(ops: list, resolved: list, storages: list) -> set[int]:
+    """Storages used through one view only and written by exactly one op, before any read."""
+    views: dict[int, set] = {}
+    writes: dict[int, int] = {}
+    read_before_write: set[int] = set()
+
+    def visit(value: Any, write: bool) -> None:
+        if isinstance(value, tuple) and value and value[0] == "tensor":
+            index = value[1]
+            views.setdefault(index, set()).add(_view_key(value))
+            if write:
+                writes[index] = writes.get(index, 0) + 1
+            elif writes.get(index, 0) == 0:
+                read_before_write.add(index)
+        elif isinstance(value, list):
+            for v in value:
+                visit(v, write)
+
+    for (name, overload, args, outputs), op in zip(ops, resolved):
+        for arg, value in zip(op._schema.arguments, args):
+            if not _writes(arg):
+                visit(value, False)
+        for arg, value in zip(op._schema.arguments, args):
+            if _writes(arg):
+                visit(value, True)
+        for out in outputs:
+            visit(out, True)
+    return {i for i, v in views.items() if len(v) == 1 and writes.get(i, 0) == 1 and i not in read_before_write}
 
 
 def build_graph_module(storages: list, ops: list) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
@@ -92,33 +154,71 @@ def build_graph_module(storages: list, ops: list) -> tuple[torch.fx.GraphModule,
             return torch.device("cpu")
         return value
 
-    for name, overload, args, outputs in ops:
-        namespace, op_name = name.split("::")
-        op = getattr(getattr(getattr(torch.ops, namespace), op_name), overload or "default")
+    resolved = [_resolve(name, overload) for name, overload, _, _ in ops]
+    simple = _write_once_storages(ops, resolved, storages)
+    results: dict[tuple, torch.fx.Node] = {}  # results of write-once storages, by view
+
+    def value_of(desc: tuple) -> torch.fx.Node:
+        key = _view_key(desc)
+        return results[key] if key in results else tensor(desc)
+
+    def convert_arg(value: Any, arg: Any) -> Any:
+        if isinstance(value, tuple) and value and value[0] == "tensor":
+            return value_of(value)
+        if isinstance(value, list):
+            return [convert_arg(v, arg) for v in value]
+        return convert(value, arg)
+
+    for (name, overload, args, outputs), op in zip(ops, resolved):
+        schema = op._schema
+        out_args = [(a, v) for a, v in zip(schema.arguments, args) if _writes(a) and a.kwarg_only]
+        twin = _functional_twin(op) if len(out_args) == 1 else None
+        if twin is not None and isinstance(out_args[0][1], tuple) and out_args[0][1][1] in simple:
+            # An out= op whose output memory is written once: its functional twin,
+            # so that Inductor keeps the intermediate in registers.
+            positional, keywords = [], {}
+            for arg, value in zip(schema.arguments, args):
+                if _writes(arg):
+                    continue
+                converted = convert_arg(value, arg)
+                if arg.kwarg_only:
+                    keywords[arg.name] = converted
+                else:
+                    positional.append(converted)
+            results[_view_key(out_args[0][1])] = graph.call_function(twin, tuple(positional), keywords)
+            continue
         positional, keywords = [], {}
-        for arg, value in zip(op._schema.arguments, args):
-            converted = convert(value, arg)
+        for arg, value in zip(schema.arguments, args):
+            converted = convert_arg(value, arg)
             if arg.kwarg_only:
                 keywords[arg.name] = converted
             else:
                 positional.append(converted)
         node = graph.call_function(op, tuple(positional), keywords)
         if outputs:
-            fresh = [r for r in op._schema.returns if r.alias_info is None]
-            results = [node] if len(op._schema.returns) == 1 else [
-                graph.call_function(lambda t, i: t[i], (node, i)) for i in range(len(op._schema.returns))
+            fresh = [r for r in schema.returns if r.alias_info is None]
+            rets = [node] if len(schema.returns) == 1 else [
+                graph.call_function(operator.getitem, (node, i)) for i in range(len(schema.returns))
             ]
             flat: list[torch.fx.Node] = []
-            for ret, result in zip(op._schema.returns, results):
+            for ret, result in zip(schema.returns, rets):
                 if ret.alias_info is not None:
                     continue
                 if "[]" in str(ret.type):
                     count = len(outputs) - len(flat) - (len(fresh) - 1 - len(flat))
-                    flat.extend(graph.call_function(lambda t, i: t[i], (result, i)) for i in range(count))
+                    flat.extend(graph.call_function(operator.getitem, (result, i)) for i in range(count))
                 else:
                     flat.append(result)
             for out_desc, result in zip(outputs, flat):
-                graph.call_function(torch.ops.aten.copy_.default, (tensor(out_desc), result))
+                if out_desc[1] in simple:
+                    results[_view_key(out_desc)] = result
+                else:
+                    graph.call_function(torch.ops.aten.copy_.default, (tensor(out_desc), result))
+    # Write-once results that outlive the graph go to their memory.
+    for key, result in results.items():
+        index = key[0]
+        if not storages[index][2]:
+            graph.call_function(torch.ops.aten.copy_.default, (tensor(("tensor",) + key + ("",)), result))
     # AOTAutograd expects at least one output; the effects are the writes into the inputs.
     token = graph.call_function(torch.ops.aten.empty.memory_format, ([0],), {"device": torch.device("cpu")})
     graph.output((token,))

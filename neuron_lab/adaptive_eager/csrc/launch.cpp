@@ -367,6 +367,16 @@ struct Launch {
     }
   }
 
+  // Compiled code cannot skip single ops: a launch reading a never-computed
+  // result replays instead, op by op.
+  bool reads_poison() const {
+    if (g_poison_count.load(std::memory_order_relaxed) == 0) return false;
+    for (const auto& st : inputs) {
+      if (poisoned(st.unsafeGetStorageImpl())) return true;
+    }
+    return false;
+  }
+
   // The stream skipped this launch after an earlier failure.
   void skipped() {
     const std::string why = "it was skipped because an earlier op on neuron:" + std::to_string(int(device)) +
@@ -440,7 +450,7 @@ struct Launch {
   void execute() {
     const int64_t start = now_ns();
     bool compiled = false;
-    if (graph && graph->state.load() == Graph::Compiled && g_poison_count.load() == 0) {
+    if (graph && graph->state.load() == Graph::Compiled && !reads_poison()) {
       compiled = run_compiled(*graph, inputs, input_dtypes);
       if (!compiled) counters().compiled_fallbacks.fetch_add(1);
     }
