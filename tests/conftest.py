@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import torch
@@ -40,3 +41,26 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
         env=full_env,
         timeout=120,
     )
+
+
+def run_in_threads(target, count: int) -> list:
+    """Runs target(i) for i in range(count) in as many threads, started together;
+    returns the results in order and fails the test with any thread's exception."""
+    results: list = [None] * count
+    errors: list = []
+    barrier = threading.Barrier(count)
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = target(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    return results

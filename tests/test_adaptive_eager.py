@@ -15,7 +15,7 @@ import torch
 import neuron_lab
 from neuron_lab import adaptive_eager as ae
 
-from conftest import run_python
+from conftest import run_in_threads, run_python
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -392,25 +392,6 @@ def test_blocking_mode_raises_at_the_op() -> None:
 # ---- threads -----------------------------------------------------------------------------
 
 
-def run_in_threads(target, count: int) -> list:
-    results: list = [None] * count
-    errors: list = []
-    barrier = threading.Barrier(count)
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = target(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not errors, errors
-    return results
 
 
 def thread_program(i: int, device: str) -> torch.Tensor:

@@ -7,24 +7,9 @@ import threading
 
 import torch
 
+from conftest import run_in_threads
 
-def run_in_threads(target, count: int) -> list:
-    results: list = [None] * count
-    errors: list = []
 
-    def worker(i: int) -> None:
-        try:
-            results[i] = target(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    return results
 
 
 def test_concurrent_training_matches_sequential() -> None:
