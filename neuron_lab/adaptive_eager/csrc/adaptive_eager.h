@@ -100,6 +100,7 @@ struct Record {
   std::vector<c10::IValue> args;     // neuron tensors stay neuron tensors
   std::vector<at::Tensor> outputs;   // results made by the recorder (functional ops)
   int64_t written_bytes = 0;
+  int64_t record_ns = 0;  // host time spent recording it
   SourceLoc source;
   bool random = false;       // draws from a generator
   bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
@@ -123,6 +124,8 @@ struct Graph {
   std::vector<int64_t> key;
   int64_t n_ops = 0;
   std::string first_op, source, flush_reason, note;
+  std::vector<std::string> signature;  // per op: name and inputs, to explain the next graph's cause
+  std::string cause;                   // why it was built (what differed from the closest cached graph)
   std::atomic<int64_t> hits{0};
   std::atomic<int> state{Cold};
   void* compiled = nullptr;  // a Python callable (python.cpp owns the reference)
@@ -147,7 +150,7 @@ bool graph_starts_with(uint64_t first_record_hash);
 struct GraphInfo {
   int64_t id, n_ops, hits, compiled_runs, replay_runs;
   double replay_ms, compiled_ms;
-  std::string tier, note, first_op, source, flush_reason;
+  std::string tier, note, first_op, source, flush_reason, cause;
 };
 std::vector<GraphInfo> graph_infos();
 void clear_graph_cache();

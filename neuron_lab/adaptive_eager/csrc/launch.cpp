@@ -290,7 +290,9 @@ std::string shapes_of(const Record& r) {
   for (const auto& a : r.args) {
     if (!first) out << ", ";
     first = false;
-    if (a.isTensor() && a.toTensor().defined()) {
+    if (a.isTensor() && a.toTensor().defined() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      out << c10::IValue(a.toTensor().item());  // a Python number, e.g. the 3 of x * 3
+    } else if (a.isTensor() && a.toTensor().defined()) {
       const auto& t = a.toTensor();
       out << t.scalar_type() << t.sizes();
       if (!on_device(t)) out << " on " << t.device();
@@ -326,6 +328,7 @@ struct Launch {
   std::shared_ptr<Graph> graph;
   c10::DeviceIndex device = 0;
   c10::StreamId stream_id = 0;
+  trace::LaunchRecordPtr record;  // while profiling
 
   template <typename F>
   static void for_each_written(const Record& r, F&& f) {
@@ -352,7 +355,13 @@ struct Launch {
         continue;  // its inputs were never computed: so are not its results
       }
       try {
-        replay_one(r);
+        if (record) {
+          const int64_t start = now_ns();
+          replay_one(r);
+          record->ops[i].device_ns = now_ns() - start;
+        } else {
+          replay_one(r);
+        }
       } catch (...) {
         const std::string why = std::string(r.op.schema().operator_name().name) + " failed (recorded at " +
                                 describe_source(r.source) + ")";
@@ -452,8 +461,19 @@ struct Launch {
     bool compiled = false;
     if (graph && graph->state.load() == Graph::Compiled && !reads_poison()) {
       compiled = run_compiled(*graph, inputs, input_dtypes);
-      if (!compiled) counters().compiled_fallbacks.fetch_add(1);
+      if (!compiled) {
+        counters().compiled_fallbacks.fetch_add(1);
+        trace::Event e;
+        e.time_ns = start;
+        e.kind = "compiled_fallback";
+        e.what = "graph " + std::to_string(graph->id);
+        e.detail = "its compiled code failed; the launch was replayed op by op";
+        e.device = device;
+        e.graph_id = graph->id;
+        trace::log_event(std::move(e));
+      }
     }
+    if (record) record->tier.store(compiled ? 2 : 1);
     if (!compiled) replay();
     const int64_t elapsed = now_ns() - start;
     (compiled ? counters().compiled_launches : counters().replay_launches).fetch_add(1);
@@ -485,6 +505,87 @@ void Graph::note_run(bool compiled, int64_t ns) {
     replay_ns += ns;
   }
 }
+
+// ---- why a new graph was built -----------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> signature_of(const std::vector<Record>& records) {
+  std::vector<std::string> sig;
+  sig.reserve(records.size());
+  for (const auto& r : records) sig.push_back(std::string(r.op.schema().operator_name().name) + shapes_of(r));
+  return sig;
+}
+
+std::string op_name(const std::string& sig) { return sig.substr(0, sig.find('(')); }
+
+trace::Source to_trace(SourceLoc loc) { return {loc.file, loc.line}; }
+
+// Compares a new graph with the cached ones (g_cache_mutex held): a graph with
+// the same ops is a recompile, caused by the first op whose inputs differ.
+trace::Event explain_new_graph(const Graph& g, const std::vector<Record>& records) {
+  trace::Event e;
+  e.time_ns = now_ns();
+  e.what = "graph " + std::to_string(g.id) + " (" + std::to_string(g.n_ops) + " op" + (g.n_ops == 1 ? "" : "s") +
+           ", from " + g.first_op + ")";
+  e.graph_id = g.id;
+  e.source = to_trace(records.front().source);
+  const Graph* same_ops = nullptr;
+  const Graph* longest = nullptr;
+  size_t longest_prefix = 0;
+  for (const auto& [h, bucket] : cache()) {
+    for (const auto& other : bucket) {
+      if (other.get() == &g || other->signature.empty()) continue;
+      const auto& a = g.signature;
+      const auto& b = other->signature;
+      size_t k = 0;
+      while (k < a.size() && k < b.size() && op_name(a[k]) == op_name(b[k])) ++k;
+      if (k == a.size() && k == b.size()) {
+        if (same_ops == nullptr || other->id > same_ops->id) same_ops = other.get();
+      } else if (k > longest_prefix) {
+        longest_prefix = k;
+        longest = other.get();
+      }
+    }
+  }
+  if (same_ops != nullptr) {
+    e.kind = "recompile";
+    for (size_t i = 0; i < g.signature.size(); ++i) {
+      if (g.signature[i] == same_ops->signature[i]) continue;
+      const auto& now = g.signature[i];
+      const auto& then = same_ops->signature[i];
+      e.detail = "op " + std::to_string(i + 1) + " " + op_name(now) + " got inputs " +
+                 now.substr(now.find('(')) + "; cached graph " + std::to_string(same_ops->id) + " has " +
+                 then.substr(then.find('('));
+      e.source = to_trace(records[i].source);
+      return e;
+    }
+    e.detail = "same ops and input shapes as graph " + std::to_string(same_ops->id) +
+               ", but the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
+    return e;
+  }
+  e.kind = "new_graph";
+  if (longest != nullptr) {
+    const size_t k = longest_prefix;
+    e.detail = "a new op sequence: its first " + std::to_string(k) + " op" + (k == 1 ? "" : "s") + " match graph " +
+               std::to_string(longest->id) + ", then ";
+    if (k < g.signature.size() && k < longest->signature.size()) {
+      e.detail += "op " + std::to_string(k + 1) + " is " + op_name(g.signature[k]) + " here and " +
+                  op_name(longest->signature[k]) + " there";
+      e.source = to_trace(records[k].source);
+    } else if (k == g.signature.size()) {
+      e.detail += "this graph ends (flushed: " + g.flush_reason + ") where graph " + std::to_string(longest->id) +
+                  " goes on";
+    } else {
+      e.detail += "it goes on where graph " + std::to_string(longest->id) + " ended";
+    }
+  } else {
+    e.detail = "the first graph starting with " + g.first_op + " (flushed: " + g.flush_reason + ")";
+  }
+  return e;
+}
+
+}  // namespace
 
 uint64_t record_hash(const Record& r) {
   KeyBuilder key(nullptr);
@@ -531,6 +632,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   // A pending result is dead when nothing but these records holds it: its
   // storage is held only by tensors the records hold, and those only by them.
   auto& c = counters();
+  int64_t allocated_bytes = 0;
   for (auto& u : storages) {
     if (!is_pending(u.storage)) continue;
     // u.storage itself holds one reference; each tensor of the records another.
@@ -541,6 +643,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     }
     dead = dead && !python_holds;
     u.dead = dead;
+    if (!dead) allocated_bytes += static_cast<int64_t>(u.storage.nbytes());
     if (dead) {
       c.dead_intermediate_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
     } else {
@@ -602,6 +705,11 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
         g->state = Graph::NotCompilable;
         g->note = why;
       }
+      g->signature = signature_of(l->records);
+      auto event = explain_new_graph(*g, l->records);
+      g->cause = event.detail;
+      event.device = l->device;
+      trace::log_event(std::move(event));
       bucket.push_back(g);
       l->graph = g;
       graph_starts().insert(record_hash(l->records.front()));
@@ -623,9 +731,35 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   c.launches.fetch_add(1, std::memory_order_relaxed);
   if (use_cache) c.graph_launches.fetch_add(1, std::memory_order_relaxed);
   Work work;
+  const auto& first = l->records.front();
+  if (trace::profiling()) {
+    l->record = trace::new_launch(l->graph ? "graph" : "op",
+                                  l->graph ? "graph " + std::to_string(l->graph->id)
+                                           : std::string(first.op.schema().operator_name().name),
+                                  l->device, l->stream_id);
+  }
+  if (l->record) {
+    auto& rec = *l->record;
+    rec.n_ops = static_cast<int64_t>(l->records.size());
+    rec.graph_id = l->graph ? l->graph->id : -1;
+    rec.bytes_allocated = allocated_bytes;
+    rec.source = to_trace(first.source);
+    rec.ops.reserve(l->records.size());
+    for (const auto& r : l->records) {
+      rec.ops.push_back({std::string(r.op.schema().operator_name().name), shapes_of(r), to_trace(r.source),
+                         r.record_ns, -1});
+    }
+    work.record = l->record;
+  }
+  if (torch_profiler_active()) {
+    work.name = l->graph ? "neuron: graph " + std::to_string(l->graph->id) + " (" +
+                               std::to_string(l->records.size()) + " ops)"
+                         : "neuron: " + std::string(first.op.schema().operator_name().name);
+  }
   work.run = [l] { l->execute(); };
   work.on_skip = [l] { l->skipped(); };
   work.ops = static_cast<int64_t>(l->records.size());
+  work.kind = use_cache ? trace::LaunchKind::Graph : trace::LaunchKind::Op;
   const uint64_t seq = enqueue(stream, std::move(work));
   std::lock_guard<std::mutex> lock(g_access_mutex);
   for (const auto& u : storages) note_access(u.storage.unsafeGetStorageImpl(), &stream, seq);
@@ -676,6 +810,7 @@ std::vector<GraphInfo> graph_infos() {
       i.first_op = g->first_op;
       i.source = g->source;
       i.flush_reason = g->flush_reason;
+      i.cause = g->cause;
       out.push_back(std::move(i));
     }
   }

@@ -248,6 +248,7 @@ void register_bindings(py::module& m) {
       d["first_op"] = g.first_op;
       d["source"] = g.source;
       d["flush_reason"] = g.flush_reason;
+      d["cause"] = g.cause;
       d["note"] = g.note;
       out.append(d);
     }
@@ -313,6 +314,17 @@ void register_bindings(py::module& m) {
     if (!g) return false;
     auto& c = counters();
     c.compile_ns.fetch_add(static_cast<uint64_t>(seconds * 1e9));
+    {
+      trace::Event e;
+      e.duration_ns = static_cast<int64_t>(seconds * 1e9);
+      e.time_ns = trace::now_ns() - e.duration_ns;
+      e.kind = fn.is_none() ? "compile_failed" : "compile";
+      e.what = "graph " + std::to_string(g->id) + " (" + std::to_string(g->n_ops) + " ops, from " + g->first_op + ")";
+      e.detail = fn.is_none() ? "compile failed, replaying instead: " + error
+                              : "compiled with TorchInductor in the background; recorded at " + g->source;
+      e.graph_id = g->id;
+      trace::log_event(std::move(e));
+    }
     if (fn.is_none()) {
       c.compiles_failed.fetch_add(1);
       g->note = "compile failed, replaying instead: " + error;

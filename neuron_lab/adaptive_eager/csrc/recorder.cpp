@@ -408,7 +408,9 @@ void flush_locked(Buffer& b, StreamState& s, const std::string& reason) {
   b.first_checked = false;
   counters().count_flush(reason);
   const bool use_cache = mode() == Mode::Adaptive && reason != "eager";
+  const int64_t start = trace::now_ns();
   launch(std::move(records), s, use_cache, reason);
+  trace::add_record_time(trace::now_ns() - start);
 }
 
 }  // namespace
@@ -484,10 +486,33 @@ void scan_tensor(Scan& scan, const at::Tensor& t, bool write, bool out_arg) {
 
 }  // namespace
 
+namespace {
+// Why the last op this thread could not record runs inline (for explain()).
+thread_local const char* tl_inline_why = nullptr;
+thread_local const std::string* tl_inline_why_string = nullptr;
+
+// Adds the host time of one try_record call to the tracing total.
+struct RecordTimer {
+  int64_t start = trace::now_ns();
+  ~RecordTimer() { trace::add_record_time(trace::now_ns() - start); }
+};
+
+bool refuse(const char* why) {
+  tl_inline_why = why;
+  tl_inline_why_string = nullptr;
+  return false;
+}
+}  // namespace
+
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (mode() == Mode::Blocking || on_device_thread()) return false;
+  if (mode() == Mode::Blocking || on_device_thread()) return refuse(nullptr);
+  RecordTimer timer;
   const OpClass& cls = classify(op);
-  if (!cls.recordable) return false;
+  if (!cls.recordable) {
+    tl_inline_why = nullptr;
+    tl_inline_why_string = &cls.why_not;  // classes are cached for the life of the process
+    return false;
+  }
   const auto& schema = op.schema();
   const auto& arg_defs = schema.arguments();
   const size_t n = arg_defs.size();
@@ -514,13 +539,14 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (d.type() != kNeuron || (d.has_index() && scan.device >= 0 && d.index() != scan.device)) scan.ok = false;
     }
   }
-  if (!scan.ok || scan.device < 0) return false;
+  if (!scan.ok) return refuse("it mixes devices or reads host memory");
+  if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
 
   MetaResult scratch;
   const MetaResult* meta = nullptr;
   if (cls.functional || !scan.out_args_fresh) {
     meta = &meta_for(op, cls, stack->data() + begin, n, scratch);
-    if (!meta->ok) return false;
+    if (!meta->ok) return refuse("its result shapes cannot be known without running it (data-dependent or no meta kernel)");
   }
 
   Record r{op};
@@ -581,6 +607,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!b.records.empty() && b.owner != me) flush_locked(b, s, "thread switch");
   b.owner = me;
   b.bytes += r.written_bytes;
+  r.record_ns = trace::now_ns() - timer.start;
   b.records.push_back(std::move(r));
   const bool per_op = mode() == Mode::Eager || at::globalContext().deterministicAlgorithms();
   if (per_op) {
@@ -612,6 +639,25 @@ void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& r
       if (t.defined() && t.device().type() == kNeuron) materialize(t.storage());
     }
     return;
+  }
+  int device = -1;
+  for (const auto& t : tensors) {
+    if (t.defined() && t.device().type() == kNeuron) device = t.device().index();
+  }
+  trace::SyncScope scope(reason.c_str(), device);
+  {
+    trace::Event e;
+    e.time_ns = trace::now_ns();
+    e.kind = "inline_op";
+    e.what = reason;
+    e.detail = tl_inline_why_string != nullptr ? *tl_inline_why_string
+               : tl_inline_why != nullptr      ? tl_inline_why
+                                               : "a native kernel that needs its inputs' values now";
+    e.source = trace::capture();
+    e.device = device;
+    tl_inline_why = nullptr;
+    tl_inline_why_string = nullptr;
+    trace::log_event(std::move(e));
   }
   counters().count_sync(reason);
   flush_device_buffers(-1, "inline op");

@@ -156,3 +156,11 @@ SourceFrame source_frame(SourceLoc loc) {
 }
 
 }  // namespace neuron::lazy
+
+namespace neuron::trace {
+// The device runtime's view of the user's source line (trace.h).
+Source capture_source_impl() {
+  const auto loc = lazy::capture_source();
+  return {loc.file, loc.line};
+}
+}  // namespace neuron::trace

@@ -119,6 +119,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       auto& core = cores_[d];
       std::lock_guard<std::mutex> lock(core.mutex);
       release_cached(core);
+      trace::note_memory(d, core.stats.allocated_bytes[0].current, core.stats.reserved_bytes[0].current);
     }
   }
 
@@ -232,6 +233,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     for_stat(s.allocated_bytes, size, [&](auto& st) { st.increase(size); });
     for_stat(s.active_bytes, size, [&](auto& st) { st.increase(size); });
     for_stat(s.requested_bytes, size, [&](auto& st) { st.increase(nbytes); });
+    trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
     return block;
   }
 
@@ -303,6 +305,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     log(core, "free_completed", block, static_cast<int64_t>(size));
     block->frames = nullptr;
     core.cached.emplace(size, block);
+    trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
   }
 
   static void release_context(void* context);

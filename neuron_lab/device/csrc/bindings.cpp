@@ -13,6 +13,9 @@ namespace py = pybind11;
 namespace neuron::lazy {
 void register_bindings(py::module& m);  // neuron_lab/adaptive_eager/csrc/python.cpp
 }
+namespace neuron {
+void register_trace_bindings(py::module& m);  // trace_bindings.cpp
+}
 
 namespace {
 
@@ -111,6 +114,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
   auto adaptive = m.def_submodule("adaptive", "The adaptive-eager recorder (neuron_lab.adaptive_eager).");
   neuron::lazy::register_bindings(adaptive);
+  auto trace = m.def_submodule("trace", "Launch records and the event log (neuron_lab.observability).");
+  neuron::register_trace_bindings(trace);
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
         "Sets the number of emulated cores and the memory capacity of each.");
   m.def("device_count", []() { return static_cast<int>(neuron::device_count()); });

@@ -135,6 +135,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto mark = std::make_shared<Event::Mark>();
     Work marker;
     marker.skippable = false;
+    marker.busy = false;
+    marker.record = trace::new_launch("event", "event record", stream.device_index(), stream.id());
     marker.run = [mark] {
       mark->time_ns = now_ns();
       mark->reached.store(true, std::memory_order_release);
@@ -154,6 +156,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     flush_stream_buffer(stream, "stream wait");
     Work wait;
     wait.skippable = false;
+    wait.busy = false;
+    wait.record = trace::new_launch("wait", "stream wait", stream.device_index(), stream.id());
+    if (torch_profiler_active()) wait.name = "neuron: stream wait";
     StreamState* source = ev->stream;
     const uint64_t seq = ev->seq;
     wait.run = [source, seq] { wait_for(*source, seq, "stream wait"); };
@@ -167,7 +172,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void synchronizeEvent(void* event) const override {
     auto* ev = static_cast<Event*>(event);
-    if (ev != nullptr && ev->recorded()) wait_for(*ev->stream, ev->seq, "event synchronize");
+    if (ev == nullptr || !ev->recorded()) return;
+    trace::SyncScope scope("event synchronize", ev->device);
+    wait_for(*ev->stream, ev->seq, "event synchronize");
   }
 
   void destroyEvent(void* event, c10::DeviceIndex /*device_index*/) const noexcept override {

@@ -9,8 +9,10 @@ namespace neuron::lazy {
 void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
 }
 
+#include <ATen/record_function.h>
 #include <Python.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cxxabi.h>
 
@@ -23,6 +25,17 @@ void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
 #include <thread>
 
 namespace neuron {
+
+// What a device thread needs to report a launch to the torch.profiler that was
+// recording when the launch was enqueued.
+struct TorchProfilerContext {
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
+  at::RecordFunctionTLS callbacks;
+};
+
+bool torch_profiler_active() {
+  return at::hasCallbacks() && c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr;
+}
 
 struct StreamState {
   c10::DeviceIndex device = 0;
@@ -98,6 +111,27 @@ class GilRelease {
   PyThreadState* state_ = nullptr;
 };
 
+// Runs one launch, reported to torch.profiler as a range on this device thread
+// when it was enqueued while torch.profiler was recording.
+void run_work(Work& work) {
+  if (!work.torch_profiler) {
+    work.run();
+    return;
+  }
+  const auto saved = at::get_record_function_tls_();
+  c10::DebugInfoGuard debug_info(work.torch_profiler->debug_info);
+  at::set_record_function_tls_(work.torch_profiler->callbacks);
+  try {
+    at::RecordFunction range(at::RecordScope::USER_SCOPE);
+    if (range.isActive()) range.before(work.name);
+    work.run();
+  } catch (...) {
+    at::set_record_function_tls_(saved);
+    throw;
+  }
+  at::set_record_function_tls_(saved);
+}
+
 void device_thread_main(StreamState* s) {
   tl_on_device_thread = true;
   for (;;) {
@@ -111,6 +145,8 @@ void device_thread_main(StreamState* s) {
       skip = work.skippable && s->error != nullptr;
     }
     std::exception_ptr failure;
+    const int64_t start = trace::now_ns();
+    if (work.record) work.record->start_ns.store(start);
     if (skip && work.on_skip) {
       try {
         work.on_skip();
@@ -121,12 +157,21 @@ void device_thread_main(StreamState* s) {
     }
     if (!skip) {
       try {
-        work.run();
+        run_work(work);
       } catch (abi::__forced_unwind&) {
         throw;  // the thread is being cancelled (e.g. Python finalizing): let it end
       } catch (...) {
         failure = std::current_exception();
       }
+    }
+    const int64_t end = trace::now_ns();
+    if (!skip && work.busy) {
+      trace::add_device_busy(s->device, end - start);
+      trace::note_launch_time(work.kind, end - start);
+    }
+    if (work.record) {
+      work.record->end_ns.store(end);
+      work.record->status.store(skip ? 3 : failure != nullptr ? 2 : 1);
     }
     // Drop the launch (and the tensors it holds) before it counts as done, so
     // that memory statistics read after a wait include its frees.
@@ -220,6 +265,11 @@ c10::Stream exchange_stream(c10::Stream stream) {
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
+  if (!work.name.empty() && torch_profiler_active()) {
+    work.torch_profiler =
+        std::make_shared<TorchProfilerContext>(TorchProfilerContext{c10::ThreadLocalDebugInfo::current(),
+                                                                    at::get_record_function_tls_()});
+  }
   // Back-pressure: like a GPU's launch queue, a stream holds a bounded number
   // of launches; a host that runs too far ahead waits (without the GIL).
   if (!on_device_thread() && s.queued_ops.load() >= kMaxQueuedOps) {
@@ -230,7 +280,12 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (inline_if_idle && s.queue.empty() && s.completed.load() == s.enqueued.load() && s.error == nullptr) {
+      if (work.record) work.record->start_ns.store(trace::now_ns());
       work.run();
+      if (work.record) {
+        work.record->end_ns.store(trace::now_ns());
+        work.record->status.store(1);
+      }
       s.enqueued.fetch_add(1);
       return s.completed.fetch_add(1) + 1;
     }
@@ -264,6 +319,7 @@ void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
 }
 
 void synchronize_stream(c10::Stream stream, const char* reason) {
+  trace::SyncScope scope(reason, stream.device_index());
   lazy::note_sync(reason);
   flush_stream_buffer(stream, reason);
   auto& s = stream_state(stream);
@@ -272,6 +328,7 @@ void synchronize_stream(c10::Stream stream, const char* reason) {
 
 void synchronize_device(c10::DeviceIndex index, const char* reason) {
   index = resolve_device(index);
+  trace::SyncScope scope(reason, index);
   lazy::note_sync(reason);
   flush_device_buffers(index, reason);
   // Every stream is waited for before the first error is raised: a
@@ -289,6 +346,7 @@ void synchronize_device(c10::DeviceIndex index, const char* reason) {
 }
 
 void synchronize_all(const char* reason) {
+  trace::SyncScope scope(reason, -1);
   std::exception_ptr first;
   for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
     try {
@@ -303,16 +361,30 @@ void synchronize_all(const char* reason) {
 // Inline work counts as a launch of the current stream only when that stream
 // is idle: with launches queued, a count taken as done would let a waiter take
 // an unfinished queued launch for done (completions are counts, not ids).
-LaunchScope::LaunchScope(c10::DeviceIndex device, bool synced) {
-  if (!synced) synchronize_device(device, "native kernel");
+LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced) : device_(device) {
+  if (!synced) synchronize_device(device, name);
   stream_ = &stream_state(current_stream(device));
-  std::lock_guard<std::mutex> lock(stream_->mutex);
-  if (stream_->completed.load() == stream_->enqueued.load()) {
-    stream_->enqueued.fetch_add(1);
-    stream_->completed.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(stream_->mutex);
+    if (stream_->completed.load() == stream_->enqueued.load()) {
+      stream_->enqueued.fetch_add(1);
+      stream_->completed.fetch_add(1);
+    }
   }
+  record_ = trace::new_launch("inline", name, device, stream_->id);
+  if (record_) record_->source = trace::capture();
+  start_ns_ = trace::now_ns();
+  if (record_) record_->start_ns.store(start_ns_);
 }
 
-LaunchScope::~LaunchScope() = default;
+LaunchScope::~LaunchScope() {
+  const int64_t end = trace::now_ns();
+  trace::add_device_busy(device_, end - start_ns_);
+  trace::note_launch_time(trace::LaunchKind::Inline, end - start_ns_);
+  if (record_) {
+    record_->end_ns.store(end);
+    record_->status.store(std::uncaught_exceptions() > 0 ? 2 : 1);
+  }
+}
 
 }  // namespace neuron

@@ -317,7 +317,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
-    LaunchScope launch(device, /*synced=*/true);
+    LaunchScope launch(device, schema.operator_name().name.c_str(), /*synced=*/true);
     if (draws_from_default_generator(schema)) {
       run_with_device_generator(op, stack, device);
     } else {

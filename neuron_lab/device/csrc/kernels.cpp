@@ -119,7 +119,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
                                           : "copy to host");
   lazy::check_readable(self);
   {
-    LaunchScope launch(device, /*synced=*/true);
+    LaunchScope launch(device, "copy_", /*synced=*/true);
     if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
       // One host storage for both, so the CPU kernel sees the overlap.
       auto host_dst = host_alias(dst);
@@ -273,7 +273,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   const auto device = input.device().index();
   at::Tensor out;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "convolution");
     std::optional<at::Tensor> host_bias;
     if (bias.has_value() && bias->defined()) host_bias = host_view(*bias);
     out = at::convolution_symint(host_view(input), host_view(weight), host_bias, stride, padding,
@@ -293,7 +293,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   std::vector<c10::SymInt> bias_sizes{out_channels};
   at::Tensor gi, gw, gb;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "convolution_backward");
     std::tie(gi, gw, gb) = at::convolution_backward_symint(
         host_view(grad_output), host_view(input), host_view(weight), bias_sizes, stride, padding,
         dilation, transposed, output_padding, std::move(groups), output_mask);

@@ -24,7 +24,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input
   const auto device = input_gates.device().index();
   at::Tensor hy, cy, workspace;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "_thnn_fused_lstm_cell");
     auto gates = host(input_gates) + host(hidden_gates);
     if (defined(input_bias)) gates = gates + host(input_bias) + host(hidden_bias);
     auto chunks = gates.chunk(4, 1);
@@ -43,7 +43,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_cell_backward(
   const auto device = cx.device().index();
   at::Tensor grad_gates, grad_cx, grad_bias;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "_thnn_fused_lstm_cell_backward");
     auto chunks = host(workspace).chunk(4, 1);
     auto i = chunks[0], f = chunks[1], g = chunks[2], o = chunks[3];
     auto c = host(cx);
@@ -69,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor> gru_cell(const at::Tensor& input_gates, const
   const auto device = input_gates.device().index();
   at::Tensor hy, workspace;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "_thnn_fused_gru_cell");
     auto ig = host(input_gates), hg = host(hidden_gates);
     if (defined(input_bias)) {
       ig = ig + host(input_bias);
@@ -92,7 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_
   const auto device = workspace.device().index();
   at::Tensor gig, ghg, ghx, gib, ghb;
   {
-    LaunchScope launch(device);
+    LaunchScope launch(device, "_thnn_fused_gru_cell_backward");
     auto w = host(workspace).chunk(5, 1);
     auto r = w[0], z = w[1], n = w[2], h = w[3], hn = w[4];
     auto gh = host(grad_hy);

@@ -7,6 +7,7 @@
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   bindings.cpp   the Python module `neuron_lab.device._C`
 #pragma once
 
@@ -15,6 +16,8 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
+
+#include "trace.h"
 
 #include <atomic>
 #include <functional>
@@ -65,7 +68,15 @@ struct Work {
   std::function<void()> on_skip;  // called instead of run when the work is skipped
   bool skippable = true;  // false for event markers and cross-stream waits
   int64_t ops = 1;        // ops it runs: a stream holds a bounded number queued
+  bool busy = true;       // counts as device busy time (false for markers and waits)
+  trace::LaunchKind kind = trace::LaunchKind::Graph;  // graph or single op (for the metrics report)
+  trace::LaunchRecordPtr record;  // set while neuron_lab's profiler runs
+  std::string name;               // for torch.profiler: set while it runs (torch_profiler_active())
+  std::shared_ptr<struct TorchProfilerContext> torch_profiler;  // captured by enqueue
 };
+// True while torch.profiler records on the calling thread: launches then show up
+// in its trace as user-annotated ranges on the device threads.
+bool torch_profiler_active();
 // Enqueues on a stream and returns the launch's sequence number.
 // inline_if_idle: a stream with nothing queued runs the work at once, on the
 // caller's thread (event markers: an idle stream's event is complete at once).
@@ -88,11 +99,17 @@ bool in_bad_fork();
 class LaunchScope {
  public:
   // synced: the caller already waited for what the work touches (sync_tensors).
-  explicit LaunchScope(c10::DeviceIndex device, bool synced = false);
+  // name: the kernel, for the profiler.
+  LaunchScope(c10::DeviceIndex device, const char* name, bool synced = false);
   ~LaunchScope();
+  LaunchScope(const LaunchScope&) = delete;
+  LaunchScope& operator=(const LaunchScope&) = delete;
 
  private:
   StreamState* stream_;
+  c10::DeviceIndex device_;
+  int64_t start_ns_;
+  trace::LaunchRecordPtr record_;
 };
 
 // Hooks the adaptive-eager recorder installs (recorder.cpp): launch the ops a

@@ -1,0 +1,260 @@
+// Launch records, memory samples, running totals and the event log (trace.h).
+#include "trace.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <chrono>
+#include <deque>
+#include <map>
+#include <mutex>
+
+namespace neuron::lazy {
+struct SourceLoc;
+}
+
+namespace neuron::trace {
+
+Source capture_source_impl();  // source_bridge in adaptive_eager/csrc/source.cpp
+
+namespace {
+
+constexpr int kMaxCores = 64;
+constexpr size_t kMaxEvents = 8192;
+constexpr int kMaxWatermarks = 32;
+
+std::array<std::atomic<int64_t>, kMaxCores> g_device_busy{};
+std::atomic<int64_t> g_record_ns{0};
+std::atomic<int64_t> g_wait_ns{0};
+
+std::mutex g_events_mutex;
+std::deque<Event>& events() {
+  static auto* e = new std::deque<Event>();
+  return *e;
+}
+
+// Profiles: every active profile reads the shared record list from its own start.
+std::mutex g_profile_mutex;
+std::atomic<int> g_active_profiles{0};
+std::atomic<int64_t> g_next_launch_id{1};
+struct ActiveProfile {
+  size_t first_launch = 0, first_sample = 0;
+  int64_t start_ns = 0;
+};
+std::map<int, ActiveProfile>& active_profiles() {
+  static auto* p = new std::map<int, ActiveProfile>();
+  return *p;
+}
+int g_next_profile = 1;
+std::vector<LaunchRecordPtr>& records() {
+  static auto* r = new std::vector<LaunchRecordPtr>();
+  return *r;
+}
+std::vector<MemorySample>& samples() {
+  static auto* s = new std::vector<MemorySample>();
+  return *s;
+}
+
+struct Watermark {
+  std::atomic<bool> open{false};
+  std::array<std::atomic<int64_t>, kMaxCores> peak{};
+};
+std::array<Watermark, kMaxWatermarks> g_watermarks;
+std::atomic<int> g_open_watermarks{0};
+std::array<std::atomic<int64_t>, kMaxCores> g_allocated{};
+
+thread_local int tl_sync_depth = 0;
+
+constexpr size_t kRing = 8192;
+struct DurationRing {
+  std::array<std::atomic<int64_t>, kRing> values{};
+  std::atomic<uint64_t> count{0};
+};
+std::array<DurationRing, kLaunchKinds> g_launch_times;
+
+}  // namespace
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Source capture() { return capture_source_impl(); }
+
+void add_device_busy(int device, int64_t ns) {
+  if (device >= 0 && device < kMaxCores) g_device_busy[device].fetch_add(ns, std::memory_order_relaxed);
+}
+void add_record_time(int64_t ns) { g_record_ns.fetch_add(ns, std::memory_order_relaxed); }
+void add_wait_time(int64_t ns) { g_wait_ns.fetch_add(ns, std::memory_order_relaxed); }
+
+void note_launch_time(LaunchKind kind, int64_t ns) {
+  auto& ring = g_launch_times[static_cast<int>(kind)];
+  const uint64_t i = ring.count.fetch_add(1, std::memory_order_relaxed);
+  ring.values[i % kRing].store(ns, std::memory_order_relaxed);
+}
+
+std::vector<int64_t> launch_times(LaunchKind kind, uint64_t* total) {
+  auto& ring = g_launch_times[static_cast<int>(kind)];
+  const uint64_t n = ring.count.load();
+  if (total != nullptr) *total = n;
+  std::vector<int64_t> out;
+  const uint64_t kept = std::min<uint64_t>(n, kRing);
+  out.reserve(kept);
+  for (uint64_t i = n - kept; i < n; ++i) out.push_back(ring.values[i % kRing].load(std::memory_order_relaxed));
+  return out;
+}
+
+void reset_launch_times() {
+  for (auto& ring : g_launch_times) ring.count.store(0);
+}
+
+Totals totals() {
+  Totals t;
+  for (const auto& b : g_device_busy) t.device_busy_ns.push_back(b.load(std::memory_order_relaxed));
+  t.record_ns = g_record_ns.load();
+  t.wait_ns = g_wait_ns.load();
+  return t;
+}
+
+void log_event(Event e) {
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  auto& log = events();
+  log.push_back(std::move(e));
+  if (log.size() > kMaxEvents) log.pop_front();
+}
+
+std::vector<Event> events_since(int64_t since_ns) {
+  std::lock_guard<std::mutex> lock(g_events_mutex);
+  std::vector<Event> out;
+  for (const auto& e : events()) {
+    if (e.time_ns >= since_ns) out.push_back(e);
+  }
+  return out;
+}
+
+SyncScope::SyncScope(const char* reason, int device)
+    : outermost_(tl_sync_depth++ == 0), reason_(reason), device_(device) {
+  if (!outermost_) return;
+  start_ = now_ns();
+  source_ = capture();
+}
+
+SyncScope::~SyncScope() {
+  --tl_sync_depth;
+  if (!outermost_) return;
+  Event e;
+  e.time_ns = start_;
+  e.duration_ns = now_ns() - start_;
+  e.kind = "sync";
+  e.what = reason_;
+  e.source = source_;
+  e.device = device_;
+  add_wait_time(e.duration_ns);
+  log_event(std::move(e));
+}
+
+bool profiling() noexcept { return g_active_profiles.load(std::memory_order_relaxed) > 0; }
+
+LaunchRecordPtr new_launch(const char* kind, std::string name, int device, int64_t stream) {
+  if (!profiling()) return nullptr;
+  auto r = std::make_shared<LaunchRecord>();
+  r->id = g_next_launch_id.fetch_add(1);
+  r->kind = kind;
+  r->name = std::move(name);
+  r->device = device;
+  r->stream = stream;
+  r->enqueue_ns = now_ns();
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  if (active_profiles().empty()) return nullptr;
+  records().push_back(r);
+  return r;
+}
+
+void note_memory(int device, int64_t allocated, int64_t reserved) {
+  if (device < 0 || device >= kMaxCores) return;
+  g_allocated[device].store(allocated, std::memory_order_relaxed);
+  if (g_open_watermarks.load(std::memory_order_relaxed) > 0) {
+    for (auto& w : g_watermarks) {
+      if (!w.open.load(std::memory_order_relaxed)) continue;
+      auto& peak = w.peak[device];
+      int64_t seen = peak.load(std::memory_order_relaxed);
+      while (allocated > seen && !peak.compare_exchange_weak(seen, allocated)) {
+      }
+    }
+  }
+  if (!profiling()) return;
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  if (!active_profiles().empty()) samples().push_back({now_ns(), device, allocated, reserved});
+}
+
+std::vector<int64_t> allocated_now() {
+  std::vector<int64_t> out;
+  for (const auto& a : g_allocated) out.push_back(a.load(std::memory_order_relaxed));
+  return out;
+}
+
+int start_profile() {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  const int handle = g_next_profile++;
+  active_profiles()[handle] = {records().size(), samples().size(), now_ns()};
+  g_active_profiles.fetch_add(1);
+  return handle;
+}
+
+Profile stop_profile(int handle) {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  auto it = active_profiles().find(handle);
+  TORCH_CHECK(it != active_profiles().end(), "neuron: this profiler was already stopped");
+  Profile p;
+  p.start_ns = it->second.start_ns;
+  p.end_ns = now_ns();
+  p.launches.assign(records().begin() + static_cast<std::ptrdiff_t>(it->second.first_launch), records().end());
+  p.memory.assign(samples().begin() + static_cast<std::ptrdiff_t>(it->second.first_sample), samples().end());
+  active_profiles().erase(it);
+  g_active_profiles.fetch_sub(1);
+  if (active_profiles().empty()) {
+    records().clear();
+    samples().clear();
+  } else {
+    // Drop what no remaining profile reads.
+    size_t first_launch = records().size(), first_sample = samples().size();
+    for (const auto& [h, a] : active_profiles()) {
+      first_launch = std::min(first_launch, a.first_launch);
+      first_sample = std::min(first_sample, a.first_sample);
+    }
+    if (first_launch > 0 || first_sample > 0) {
+      records().erase(records().begin(), records().begin() + static_cast<std::ptrdiff_t>(first_launch));
+      samples().erase(samples().begin(), samples().begin() + static_cast<std::ptrdiff_t>(first_sample));
+      for (auto& [h, a] : active_profiles()) {
+        a.first_launch -= first_launch;
+        a.first_sample -= first_sample;
+      }
+    }
+  }
+  return p;
+}
+
+int open_watermark() {
+  for (int i = 0; i < kMaxWatermarks; ++i) {
+    bool expected = false;
+    if (g_watermarks[i].open.compare_exchange_strong(expected, true)) {
+      for (int d = 0; d < kMaxCores; ++d) g_watermarks[i].peak[d].store(g_allocated[d].load());
+      g_open_watermarks.fetch_add(1);
+      return i;
+    }
+  }
+  TORCH_CHECK(false, "neuron: more than ", kMaxWatermarks,
+              " nested explain scopes or profilers are open; close some (use them as `with` blocks)");
+}
+
+std::vector<int64_t> close_watermark(int handle) {
+  TORCH_CHECK(handle >= 0 && handle < kMaxWatermarks && g_watermarks[handle].open.load(),
+              "neuron: this memory watermark is not open");
+  std::vector<int64_t> out;
+  for (const auto& p : g_watermarks[handle].peak) out.push_back(p.load());
+  g_watermarks[handle].open.store(false);
+  g_open_watermarks.fetch_sub(1);
+  return out;
+}
+
+}  // namespace neuron::trace

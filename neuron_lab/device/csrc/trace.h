@@ -1,0 +1,131 @@
+// What the runtime did, for the observability layer (neuron_lab.observability).
+//
+// Always on, and cheap: running totals (device busy time per core, host time
+// spent recording ops, host time spent waiting) and a bounded log of the rare
+// events that explain a slow region (host waits with their trigger, new graphs
+// with their cause, ops that ran inline, compiles).
+// Only while a profiler runs: one record per launch (enqueue, device start and
+// end, fused ops, graph and tier, bytes, source line) and memory samples.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace neuron::trace {
+
+// Steady clock in nanoseconds: the clock of Python's time.monotonic_ns().
+int64_t now_ns();
+
+// A user's source line, as neuron::lazy::SourceLoc (file < 0: unknown).
+struct Source {
+  int32_t file = -1;
+  int32_t line = 0;
+};
+// The caller's source line (the first frame outside library code).
+Source capture();
+
+// ---- running totals ------------------------------------------------------------
+void add_device_busy(int device, int64_t ns);
+void add_record_time(int64_t ns);  // host time spent recording ops (tracing)
+void add_wait_time(int64_t ns);    // host time blocked waiting for the device
+// Execution time of recent launches, for the metrics report's distributions.
+enum class LaunchKind : int { Graph = 0, Op = 1, Inline = 2 };
+constexpr int kLaunchKinds = 3;
+void note_launch_time(LaunchKind kind, int64_t ns);
+// Up to the last 8192 durations of each kind (ns), and how many launches of it ran.
+std::vector<int64_t> launch_times(LaunchKind kind, uint64_t* total = nullptr);
+void reset_launch_times();
+struct Totals {
+  std::vector<int64_t> device_busy_ns;  // per core
+  int64_t record_ns = 0, wait_ns = 0;
+};
+Totals totals();
+
+// ---- the event log (bounded; always on) ------------------------------------------
+struct Event {
+  int64_t time_ns = 0;      // when it began
+  int64_t duration_ns = 0;  // host time it took (waits, compiles)
+  std::string kind;         // sync, new_graph, recompile, inline_op, compile, compile_failed, compiled_fallback
+  std::string what;         // the trigger, op or graph
+  std::string detail;       // the cause, in words
+  Source source;
+  int device = -1;
+  int64_t graph_id = -1;
+};
+void log_event(Event e);
+// Events that began at or after `since_ns` (oldest first).
+std::vector<Event> events_since(int64_t since_ns);
+
+// A host wait for the device: the outermost one on a thread is logged as a
+// `sync` event with its trigger, source line and duration.
+class SyncScope {
+ public:
+  SyncScope(const char* reason, int device);
+  ~SyncScope();
+  SyncScope(const SyncScope&) = delete;
+  SyncScope& operator=(const SyncScope&) = delete;
+
+ private:
+  bool outermost_;
+  int64_t start_ = 0;
+  const char* reason_;
+  int device_;
+  Source source_;
+};
+
+// ---- launch records (only while profiling) ----------------------------------------
+struct OpRecord {
+  std::string name, inputs;
+  Source source;
+  int64_t host_ns = 0;     // time spent recording it
+  int64_t device_ns = -1;  // its share of the launch when replayed op by op; -1: unknown
+};
+struct LaunchRecord {
+  int64_t id = 0;
+  std::string kind;  // graph, op, inline, event, wait
+  std::string name;
+  int device = 0;
+  int64_t stream = 0;
+  int64_t enqueue_ns = 0;
+  std::atomic<int64_t> start_ns{0}, end_ns{0};
+  int64_t n_ops = 1;
+  int64_t graph_id = -1;
+  std::atomic<int> tier{0};    // 0: none, 1: replay, 2: compiled
+  std::atomic<int> status{0};  // 0: queued, 1: done, 2: failed, 3: skipped
+  int64_t bytes_allocated = 0;
+  Source source;
+  std::vector<OpRecord> ops;
+};
+using LaunchRecordPtr = std::shared_ptr<LaunchRecord>;
+
+bool profiling() noexcept;
+// A new launch record (kept until the profiler stops), or nullptr when not profiling.
+LaunchRecordPtr new_launch(const char* kind, std::string name, int device, int64_t stream);
+
+struct MemorySample {
+  int64_t time_ns;
+  int device;
+  int64_t allocated, reserved;
+};
+// The allocator reports every change: profiles sample it, scopes track their peak.
+void note_memory(int device, int64_t allocated, int64_t reserved);
+// Allocated bytes per core as of the allocator's last change (no wait for pending work).
+std::vector<int64_t> allocated_now();
+
+struct Profile {
+  std::vector<LaunchRecordPtr> launches;
+  std::vector<MemorySample> memory;
+  int64_t start_ns = 0, end_ns = 0;
+};
+// Profilers nest: records go to every active profiler.
+int start_profile();
+Profile stop_profile(int handle);
+
+// Peak allocated bytes per core since a watermark was opened.
+int open_watermark();
+std::vector<int64_t> close_watermark(int handle);
+
+}  // namespace neuron::trace

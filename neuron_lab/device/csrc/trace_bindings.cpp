@@ -1,0 +1,134 @@
+// The Python module neuron_lab.device._C.trace: launch records, memory samples,
+// running totals and the event log, as plain Python values (trace.h).
+#include "runtime.h"
+#include "../../adaptive_eager/csrc/adaptive_eager.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+
+namespace neuron {
+namespace {
+
+py::object source_tuple(trace::Source s) {
+  if (s.file < 0) return py::none();
+  const auto f = lazy::source_frame({s.file, s.line});
+  return py::make_tuple(f.file, f.line, f.function);
+}
+
+py::dict launch_dict(const trace::LaunchRecord& r) {
+  static const char* tiers[] = {"", "replay", "compiled"};
+  static const char* statuses[] = {"queued", "done", "failed", "skipped"};
+  py::dict d;
+  d["id"] = r.id;
+  d["kind"] = r.kind;
+  d["name"] = r.name;
+  d["device"] = r.device;
+  d["stream"] = r.stream;
+  d["enqueue_ns"] = r.enqueue_ns;
+  d["start_ns"] = r.start_ns.load();
+  d["end_ns"] = r.end_ns.load();
+  d["n_ops"] = r.n_ops;
+  d["graph_id"] = r.graph_id;
+  d["tier"] = tiers[r.tier.load()];
+  d["status"] = statuses[r.status.load()];
+  d["bytes_allocated"] = r.bytes_allocated;
+  d["source"] = source_tuple(r.source);
+  py::list ops;
+  for (const auto& o : r.ops) {
+    py::dict od;
+    od["name"] = o.name;
+    od["inputs"] = o.inputs;
+    od["source"] = source_tuple(o.source);
+    od["host_ns"] = o.host_ns;
+    od["device_ns"] = o.device_ns;
+    ops.append(std::move(od));
+  }
+  d["ops"] = std::move(ops);
+  return d;
+}
+
+py::dict event_dict(const trace::Event& e) {
+  py::dict d;
+  d["time_ns"] = e.time_ns;
+  d["duration_ns"] = e.duration_ns;
+  d["kind"] = e.kind;
+  d["what"] = e.what;
+  d["detail"] = e.detail;
+  d["source"] = source_tuple(e.source);
+  d["device"] = e.device;
+  d["graph_id"] = e.graph_id;
+  return d;
+}
+
+}  // namespace
+
+void register_trace_bindings(py::module& m) {
+  m.def("now_ns", &trace::now_ns, "The runtime's clock (time.monotonic_ns()).");
+  m.def("start_profile", &trace::start_profile, "Starts collecting launch records; returns a handle.");
+  m.def(
+      "stop_profile",
+      [](int handle) {
+        trace::Profile p;
+        {
+          py::gil_scoped_release no_gil;
+          p = trace::stop_profile(handle);
+        }
+        py::list launches;
+        for (const auto& r : p.launches) launches.append(launch_dict(*r));
+        py::list memory;
+        for (const auto& s : p.memory) memory.append(py::make_tuple(s.time_ns, s.device, s.allocated, s.reserved));
+        py::dict d;
+        d["launches"] = std::move(launches);
+        d["memory"] = std::move(memory);
+        d["start_ns"] = p.start_ns;
+        d["end_ns"] = p.end_ns;
+        return d;
+      },
+      py::arg("handle"), "Stops a profile: its launches and memory samples.");
+  m.def(
+      "events_since",
+      [](int64_t since) {
+        py::list out;
+        for (const auto& e : trace::events_since(since)) out.append(event_dict(e));
+        return out;
+      },
+      py::arg("since_ns"), "Logged events (syncs, new graphs, inline ops, compiles) since a time.");
+  m.def("totals", []() {
+    const auto t = trace::totals();
+    py::dict d;
+    std::vector<int64_t> busy(t.device_busy_ns.begin(), t.device_busy_ns.begin() + device_count());
+    d["device_busy_ns"] = busy;
+    d["record_ns"] = t.record_ns;
+    d["wait_ns"] = t.wait_ns;
+    return d;
+  });
+  m.def("launch_times", []() {
+    py::dict d;
+    const char* names[] = {"graph", "op", "inline"};
+    for (int k = 0; k < trace::kLaunchKinds; ++k) {
+      uint64_t total = 0;
+      auto times = trace::launch_times(static_cast<trace::LaunchKind>(k), &total);
+      d[names[k]] = py::make_tuple(total, times);
+    }
+    return d;
+  }, "Per launch kind: (launches so far, the last <= 8192 execution times in ns).");
+  m.def("reset_launch_times", &trace::reset_launch_times);
+  m.def("allocated", []() {
+    auto bytes = trace::allocated_now();
+    bytes.resize(static_cast<size_t>(device_count()));
+    return bytes;
+  }, "Allocated bytes per core as of the allocator's last change (does not wait for the device).");
+  m.def("open_watermark", &trace::open_watermark, "Starts tracking peak allocated bytes per core.");
+  m.def(
+      "close_watermark",
+      [](int handle) {
+        auto peaks = trace::close_watermark(handle);
+        peaks.resize(static_cast<size_t>(device_count()));
+        return peaks;
+      },
+      py::arg("handle"), "Peak allocated bytes per core since open_watermark().");
+}
+
+}  // namespace neuron

@@ -1,0 +1,347 @@
+"""Why was this slow? A diagnosis of a region of code on the neuron device.
+
+``with neuron_lab.explain_scope() as e:`` measures a region; afterwards ``e``
+says how its wall time split into host tracing (recording ops), device
+execution, host waits and background compiles, and lists every new graph and
+recompile with its cause and line, every host wait (sync) with its trigger and
+line, and every op that ran inline instead of being fused.
+``neuron_lab.explain(fn)(*args)`` does the same for one call.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from neuron_lab.adaptive_eager import stats
+from neuron_lab.device import _C
+from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
+
+__all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 MiB``; signed values keep their sign."""
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_seconds(s: float) -> str:
+    """``12.3 ms``, ``4.56 s``, ``870 µs``."""
+    if s >= 1:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s * 1e6:.0f} µs"
+
+
+# What triggered a host wait, in the user's words.
+_SYNC_TRIGGERS = {
+    "aten::_local_scalar_dense": "a value read on the host (.item(), float(), bool(), if/while on a tensor, printing)",
+    "copy to host": "a copy to the host (.cpu(), .numpy(), .tolist(), printing)",
+    "copy from host": "a copy from host memory into a tensor still in use by the device",
+    "copy between cores": "a copy between cores",
+    "synchronize": "torch.neuron.synchronize() (or torch.accelerator.synchronize())",
+    "event synchronize": "Event.synchronize()",
+    "memory statistics": "reading memory statistics",
+    "memory snapshot": "a memory snapshot",
+    "random state": "reading or seeding the random generator",
+    "mode change": "a change of execution mode",
+}
+_HOST_READS = {"aten::_local_scalar_dense", "copy to host", "aten::equal", "aten::is_nonzero"}
+
+
+def _trigger(what: str) -> str:
+    if what in _SYNC_TRIGGERS:
+        return _SYNC_TRIGGERS[what]
+    return f"{what}, which runs on the host and needs its inputs now"
+
+
+def _counters_snapshot() -> dict:
+    c = stats.counters()
+    t = totals()
+    return {
+        "counters": c,
+        "busy_ns": sum(t["device_busy_ns"]),
+        "record_ns": t["record_ns"],
+        "wait_ns": t["wait_ns"],
+        # As of the allocator's last change: reading it does not wait for the device
+        # (the scope's exit synchronizes first, so the end value is settled).
+        "allocated": list(_C.trace.allocated()),
+    }
+
+
+@dataclass
+class Explanation:
+    """A diagnosis of one region; see the module docstring. Filled when the region ends."""
+
+    wall_s: float = 0.0
+    device_s: float = 0.0
+    host_tracing_s: float = 0.0
+    compile_s: float = 0.0
+    sync_wait_s: float = 0.0
+    launches: int = 0
+    graph_launches: int = 0
+    graphs_built: int = 0
+    cache_hits: int = 0
+    compiles: int = 0
+    syncs: int = 0
+    inline_ops: int = 0
+    ops_recorded: int = 0
+    peak_bytes: int = 0
+    memory_delta_bytes: int = 0
+    events: list[Event] = field(default_factory=list)
+    label: str = "region"
+
+    # ---- derived ------------------------------------------------------------------------------
+    _start_allocated: int = 0
+
+    @property
+    def used_device(self) -> bool:
+        """Whether the region launched, recorded, waited for or allocated anything on neuron."""
+        return bool(self.launches or self.ops_recorded or self.inline_ops or self.events
+                    or self.memory_delta_bytes or self.peak_bytes > self._start_allocated)
+
+    def _of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def new_graphs(self) -> list[Event]:
+        """New graphs and recompiles, with their cause (``detail``) and line."""
+        return self._of("new_graph", "recompile")
+
+    @property
+    def recompiles(self) -> list[Event]:
+        """Graphs built because a cached graph with the same ops got other inputs."""
+        return self._of("recompile")
+
+    @property
+    def sync_events(self) -> list[Event]:
+        """Every host wait, with its trigger (``what``), line and duration."""
+        return self._of("sync")
+
+    @property
+    def inline_events(self) -> list[Event]:
+        """Ops that ran inline on the host thread (a fusion boundary), other than host reads."""
+        return [e for e in self._of("inline_op") if e.what not in _HOST_READS]
+
+    def summary_line(self) -> str:
+        """One compact line: what the region cost and did on the device."""
+        parts = [
+            f"wall {format_seconds(self.wall_s)}",
+            f"device {format_seconds(self.device_s)}",
+            f"tracing {format_seconds(self.host_tracing_s)}",
+        ]
+        if self.compile_s:
+            parts.append(f"compile {format_seconds(self.compile_s)}")
+        parts.append(f"{self.launches} launches ({self.graph_launches} graphs, {self.cache_hits} cached)")
+        parts.append(f"{self.syncs} syncs" + (f" ({format_seconds(self.sync_wait_s)})" if self.syncs else ""))
+        parts.append(f"peak {format_bytes(self.peak_bytes)} ({'+' if self.memory_delta_bytes >= 0 else ''}"
+                     f"{format_bytes(self.memory_delta_bytes)})")
+        return "neuron: " + " | ".join(parts)
+
+    # ---- findings -----------------------------------------------------------------------------
+    def _grouped(self, events: list[Event]) -> list[tuple[str, str, int, float]]:
+        """(what, line, count, seconds) per distinct trigger and line, biggest first."""
+        groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
+        for e in events:
+            groups[(e.what, format_source(e.source))].append(e)
+        rows = [(what, line, len(es), sum(x.duration_ns for x in es) / 1e9) for (what, line), es in groups.items()]
+        return sorted(rows, key=lambda r: (-r[3], -r[2]))
+
+    def advice(self) -> list[str]:
+        """What to change, from the findings."""
+        out = []
+        if self.recompiles:
+            out.append("Input shapes, dtypes or scalar arguments change between iterations, so graphs are "
+                       "rebuilt: keep them fixed (pad or bucket batch sizes, pass changing numbers as tensors).")
+        reads = [e for e in self.sync_events if e.what in _HOST_READS]
+        if len(reads) > 1:
+            out.append("The host reads device values repeatedly (e.g. loss.item() every step), and every read "
+                       "waits for all queued work: accumulate on the device and read once at the end.")
+        if self.inline_events:
+            ops = sorted({e.what for e in self.inline_events})
+            out.append(f"{', '.join(ops[:4])} ran inline and cut the fused graphs in pieces; see why above.")
+        if self.compile_s and self.compile_s > 0.5 * max(self.wall_s, 1e-9):
+            out.append("Background compiles took a large share of this region; they pay off in later runs "
+                       "(set neuron_lab.configure(compile=False) to turn them off).")
+        if not out and self.launches and self.device_s < 0.2 * self.wall_s:
+            out.append("The device was idle most of the time: the host side (Python, recording) dominates; "
+                       "bigger tensors or fewer, larger ops help.")
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"neuron_lab.explain: {self.label} took {format_seconds(self.wall_s)}"]
+        lines.append(
+            f"  time: host tracing {format_seconds(self.host_tracing_s)} | device {format_seconds(self.device_s)}"
+            f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}"
+            " (background)")
+        lines.append(
+            f"  launches: {self.launches} ({self.graph_launches} graphs: {self.graphs_built} new, "
+            f"{self.cache_hits} cached; {self.inline_ops} inline ops; {self.ops_recorded} ops recorded)")
+        lines.append(f"  memory: peak {format_bytes(self.peak_bytes)}, change {format_bytes(self.memory_delta_bytes)}")
+        if self.new_graphs:
+            lines.append(f"  new graphs and recompiles ({len(self.new_graphs)}):")
+            for e in self.new_graphs:
+                lines.append(f"    {e.kind.replace('_', ' ')} {e.what} at {format_source(e.source)}")
+                lines.append(f"      cause: {e.detail}")
+        if self.sync_events:
+            lines.append(f"  host waits ({len(self.sync_events)}, {format_seconds(self.sync_wait_s)}):")
+            for what, line, count, seconds in self._grouped(self.sync_events)[:10]:
+                lines.append(f"    {count} x {_trigger(what)} at {line}: {format_seconds(seconds)}")
+        if self.inline_events:
+            lines.append(f"  ops run inline, not fused ({len(self.inline_events)}):")
+            why = {e.what: e.detail for e in self.inline_events}
+            for what, line, count, _ in self._grouped(self.inline_events)[:10]:
+                lines.append(f"    {count} x {what} at {line}: {why[what]}")
+        compiles = self._of("compile", "compile_failed", "compiled_fallback")
+        if compiles:
+            lines.append(f"  compiles ({len(compiles)}):")
+            for e in compiles:
+                took = f" in {format_seconds(e.duration_ns / 1e9)}" if e.duration_ns else ""
+                lines.append(f"    {e.kind.replace('_', ' ')} {e.what}{took}: {e.detail}")
+        advice = self.advice()
+        if advice:
+            lines.append("  advice:")
+            lines.extend(f"    - {a}" for a in advice)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary_line()
+
+    def _repr_pretty_(self, p, cycle: bool) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        esc = html.escape
+
+        def section(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+            if not rows:
+                return ""
+            head = "".join(f"<th style='text-align:left'>{esc(h)}</th>" for h in header)
+            body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(str(c))}</td>" for c in r) + "</tr>"
+                           for r in rows)
+            return f"<h4>{esc(title)}</h4><table class='neuron-explain'><tr>{head}</tr>{body}</table>"
+
+        total = max(self.wall_s, 1e-12)
+        bars = "".join(
+            f"<div title='{esc(n)} {format_seconds(v)}' style='display:inline-block;height:10px;"
+            f"width:{max(0.0, min(1.0, v / total)) * 100:.1f}%;background:{c}'></div>"
+            for n, v, c in (("host tracing", self.host_tracing_s, "#4c72b0"), ("device", self.device_s, "#55a868"),
+                            ("host waits", self.sync_wait_s, "#c44e52"))
+        )
+        out = [f"<div class='neuron-explain'><b>neuron_lab.explain</b>: {esc(self.label)} took "
+               f"{format_seconds(self.wall_s)}",
+               f"<div style='width:420px;background:#eee'>{bars}</div>",
+               f"<div>host tracing {format_seconds(self.host_tracing_s)} · device {format_seconds(self.device_s)} · "
+               f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)} "
+               f"(background)</div>",
+               f"<div>{self.launches} launches ({self.graph_launches} graphs: {self.graphs_built} new, "
+               f"{self.cache_hits} cached; {self.inline_ops} inline ops) · peak {format_bytes(self.peak_bytes)}, "
+               f"change {format_bytes(self.memory_delta_bytes)}</div>"]
+        out.append(section("New graphs and recompiles", [(e.kind.replace("_", " "), e.what, format_source(e.source),
+                                                         e.detail) for e in self.new_graphs],
+                           ("kind", "graph", "line", "cause")))
+        out.append(section("Host waits", [(str(n), _trigger(w), line, format_seconds(s))
+                                          for w, line, n, s in self._grouped(self.sync_events)],
+                           ("count", "trigger", "line", "waited")))
+        why = {e.what: e.detail for e in self.inline_events}
+        out.append(section("Ops run inline (not fused)", [(str(n), w, line, why[w])
+                                                         for w, line, n, _ in self._grouped(self.inline_events)],
+                           ("count", "op", "line", "why")))
+        advice = self.advice()
+        if advice:
+            out.append("<h4>Advice</h4><ul>" + "".join(f"<li>{esc(a)}</li>" for a in advice) + "</ul>")
+        out.append("</div>")
+        return "".join(out)
+
+
+class explain_scope:
+    """Measures a region: ``with neuron_lab.explain_scope() as e: ...``; ``e`` is an
+    :class:`Explanation`, filled when the block ends.
+
+    At exit the region's pending device work is finished (so its device time
+    and any asynchronous error belong to it); such an error is raised from the
+    exit, after the numbers are filled in. Scopes nest, also inside profilers.
+    """
+
+    def __init__(self, label: str = "region") -> None:
+        self.explanation = Explanation(label=label)
+        self._start: Optional[dict] = None
+
+    def __enter__(self) -> Explanation:
+        if self._start is not None:
+            raise RuntimeError("neuron_lab.explain_scope() is already active; create a new one for each region")
+        self._watermark = _C.trace.open_watermark()
+        self._start = _counters_snapshot()
+        self._start_ns = now_ns()
+        self._t0 = time.perf_counter()
+        return self.explanation
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._start is None:
+            raise RuntimeError("neuron_lab.explain_scope() exited without being entered")
+        error: Optional[BaseException] = None
+        self._end_ns = now_ns()  # the final wait below is the scope's, not one of the region's syncs
+        try:
+            torch.neuron.synchronize()
+        except Exception as e:  # an asynchronous error of the region: reported after the numbers
+            error = e
+        finally:
+            self._finish()
+        if error is not None and exc_type is None:
+            raise error
+
+    def _finish(self) -> None:
+        end_ns = self._end_ns
+        wall = time.perf_counter() - self._t0
+        peaks = _C.trace.close_watermark(self._watermark)
+        end = _counters_snapshot()
+        start = self._start
+        self._start = None
+        c0, c1 = start["counters"], end["counters"]
+        e = self.explanation
+        e.wall_s = wall
+        e.device_s = (end["busy_ns"] - start["busy_ns"]) / 1e9
+        e.host_tracing_s = (end["record_ns"] - start["record_ns"]) / 1e9
+        e.sync_wait_s = (end["wait_ns"] - start["wait_ns"]) / 1e9
+        e.events = events_since(self._start_ns, end_ns)
+        # Compiles run in the background: count those that finished in the region.
+        compiles = [x for x in e.events if x.kind in ("compile", "compile_failed")]
+        e.compiles = len(compiles)
+        e.compile_s = sum(x.duration_ns for x in compiles) / 1e9
+        for key in ("launches", "graph_launches", "graphs_built", "cache_hits", "inline_ops", "ops_recorded"):
+            setattr(e, key, int(c1[key] - c0[key]))
+        e.syncs = len(e.sync_events)
+        e._start_allocated = sum(start["allocated"])
+        e.peak_bytes = int(max(peaks) if peaks else 0)
+        e.memory_delta_bytes = int(sum(end["allocated"]) - sum(start["allocated"]))
+
+
+def explain(fn: Callable[..., Any], *, label: Optional[str] = None) -> Callable[..., Explanation]:
+    """``neuron_lab.explain(fn)(*args, **kwargs)`` runs ``fn`` once and returns the
+    :class:`Explanation` of that call (its result is in ``.result``), in the style
+    of ``torch._dynamo.explain``."""
+    if not callable(fn):
+        raise TypeError(f"neuron_lab.explain(fn) takes a function to run, got {type(fn).__name__}; "
+                        "to explain a block of code use `with neuron_lab.explain_scope() as e:`")
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> Explanation:
+        scope = explain_scope(label=label or f"{getattr(fn, '__qualname__', 'fn')}(...)")
+        with scope as e:
+            e.result = fn(*args, **kwargs)
+        return e
+
+    return run

@@ -1,0 +1,312 @@
+"""The observability layer: profiler table, timeline, Chrome trace, CSV/Parquet,
+torch.profiler interop, the metrics report and explain()."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import pytest
+import torch
+
+import neuron_lab
+from neuron_lab.observability.timeline import LANE_HOST
+
+pytestmark = pytest.mark.usefixtures("adaptive")
+
+
+@pytest.fixture
+def adaptive():
+    with neuron_lab.mode("adaptive"):
+        yield
+    torch.neuron.synchronize()
+
+
+def here() -> int:
+    """The caller's line number."""
+    return sys._getframe(1).f_lineno
+
+
+def known_workload(x: torch.Tensor, steps: int = 5) -> list[float]:
+    values = []
+    for _ in range(steps):
+        y = (x * 2 + 1).sin().sum()
+        values.append(y.item())
+    return values
+
+
+# ---- the table ----------------------------------------------------------------------------
+
+def test_table_rows_and_counts_for_a_known_workload():
+    x = torch.randn(64, 64, device="neuron")
+    torch.neuron.synchronize()
+    with neuron_lab.profiler.profile() as prof:
+        values = known_workload(x)
+    assert values == pytest.approx([(x.cpu() * 2 + 1).sin().sum().item()] * 5, rel=1e-5)
+    graphs = [l for l in prof.launches if l.kind == "graph"]
+    assert len(graphs) == 5 and len({l.graph_id for l in graphs}) == 1, [l.name for l in graphs]
+    assert all(l.n_ops == 4 and [o.name for o in l.ops] == ["aten::mul", "aten::add", "aten::sin", "aten::sum"]
+               for l in graphs)
+    assert all(l.status == "done" and l.tier == "replay" and l.start_ns >= l.enqueue_ns for l in graphs)
+    assert all(l.source is not None and l.source.file == __file__ for l in graphs)
+
+    table = prof.table(sort_by="count", top=0)
+    rows = {r.name.split(" (")[0]: r for r in table.launch_rows}
+    graph_row = rows[f"graph {graphs[0].graph_id}"]
+    assert (graph_row.count, graph_row.ops, graph_row.kind) == (5, 20, "graph")
+    assert rows["aten::_local_scalar_dense"].count == 5 and rows["aten::_local_scalar_dense"].kind == "inline"
+    ops = {r.name: r for r in table.op_rows}
+    for name in ("aten::mul", "aten::add", "aten::sin", "aten::sum"):
+        assert ops[name].count == 5 and ops[name].device_ns > 0 and ops[name].host_ns > 0
+    assert sum(r.share for r in table.launch_rows) == pytest.approx(1.0)
+
+    text, page = str(table), table._repr_html_()
+    assert "Launches per graph / kernel" in text and "aten::sin" in text
+    assert "<table" in page and "aten::_local_scalar_dense" in page
+    top1 = prof.table(sort_by="device_time", top=1)
+    assert len(top1.launch_rows) == 1 and top1.total_launch_rows == len(table.launch_rows)
+    assert "(1 of" in str(top1)
+
+
+def test_table_rejects_bad_arguments_with_the_fix():
+    with neuron_lab.profiler.profile() as prof:
+        (torch.ones(4, device="neuron") + 1).sum().item()
+    with pytest.raises(ValueError, match="device_time, host_time, count, name"):
+        prof.table(sort_by="speed")
+    with pytest.raises(ValueError, match="top=-1"):
+        prof.table(top=-1)
+
+
+def test_profiler_start_stop_and_misuse():
+    neuron_lab.profiler.start()
+    with pytest.raises(RuntimeError, match="already called"):
+        neuron_lab.profiler.start()
+    (torch.ones(8, device="neuron") * 3).sum().item()
+    prof = neuron_lab.profiler.stop()
+    assert any(l.kind == "graph" for l in prof.launches)
+    with pytest.raises(RuntimeError, match="without start"):
+        neuron_lab.profiler.stop()
+
+
+def test_nested_profiles_each_see_their_launches():
+    x = torch.ones(16, device="neuron")
+    with neuron_lab.profiler.profile() as outer:
+        (x + 1).sum().item()
+        with neuron_lab.profiler.profile() as inner:
+            (x * 5).sum().item()
+    inner_ids = {l.id for l in inner.launches}
+    outer_ids = {l.id for l in outer.launches}
+    assert inner_ids and inner_ids < outer_ids
+
+
+# ---- the timeline ------------------------------------------------------------------------
+
+def two_stream_workload():
+    a = torch.randn(256, 256, device="neuron")
+    torch.neuron.synchronize()
+    side = torch.neuron.Stream()
+    done = torch.neuron.Event()
+    with neuron_lab.profiler.profile() as prof:
+        b = (a @ a).relu()
+        done.record()
+        with torch.neuron.stream(side):
+            side.wait_event(done)
+            c = (b * 2).sum()
+        torch.neuron.current_stream().wait_stream(side)
+        total = c.item()
+    return prof, side, total, a
+
+
+def test_timeline_lanes_for_two_streams_with_an_event():
+    prof, side, total, a = two_stream_workload()
+    assert total == pytest.approx(((a.cpu() @ a.cpu()).relu() * 2).sum().item(), rel=1e-4)
+    by_stream = {}
+    for l in prof.launches:
+        by_stream.setdefault(l.stream, []).append(l)
+    assert set(by_stream) >= {0, side.stream_id}
+    kinds_side = [l.kind for l in by_stream[side.stream_id]]
+    assert "graph" in kinds_side  # (and a "wait" if the event was not reached yet when it was enqueued)
+    # The event orders the streams: the side stream's graph starts after stream 0's graph ended.
+    main_graph = next(l for l in by_stream[0] if l.kind == "graph")
+    side_graph = next(l for l in by_stream[side.stream_id] if l.kind == "graph")
+    assert side_graph.start_ns >= main_graph.end_ns
+
+    fig = prof.timeline()
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[0] == LANE_HOST
+    assert "neuron:0 stream 0" in labels and f"neuron:0 stream {side.stream_id}" in labels
+    assert len(fig.axes[0].collections) >= 3  # bars on the host and on both stream lanes
+
+
+def test_memory_timeline_marks_the_peak():
+    with neuron_lab.profiler.profile() as prof:
+        big = torch.ones(1024, 1024, device="neuron")
+        big.sum().item()
+        del big
+        torch.neuron.synchronize()
+    assert prof.memory, "allocations are sampled while profiling"
+    peak = max(s.allocated for s in prof.memory if s.device == 0)
+    assert peak >= 4 * 2**20
+    fig = prof.memory_timeline()
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert any(t.startswith("peak ") and f"{peak / 2**20:.1f}" in t for t in texts), texts
+
+
+# ---- exports -------------------------------------------------------------------------------
+
+def test_chrome_trace_has_tracks_flows_and_counters(tmp_path):
+    prof, side, _, _ = two_stream_workload()
+    path = prof.export_chrome_trace(tmp_path / "trace.json")
+    trace = json.loads(path.read_text())
+    events = trace["traceEvents"]
+    names = {(e["pid"], e.get("tid"), e["args"]["name"]) for e in events if e["ph"] == "M"}
+    assert (0, 0, "host") in names and (1, 0, "neuron:0") in names
+    assert (1, 0, "stream 0") in names and (1, side.stream_id, f"stream {side.stream_id}") in names
+    device_launches = [l for l in prof.launches if l.kind in ("graph", "op", "event", "wait") and l.start_ns]
+    starts = {e["id"] for e in events if e["ph"] == "s"}
+    ends = {e["id"] for e in events if e["ph"] == "f"}
+    assert starts == ends == {l.id for l in device_launches}
+    slices = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    assert {e["tid"] for e in slices} == {0, side.stream_id}
+    assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
+    assert any(e["ph"] == "C" and e["name"] == "launches in flight" for e in events)
+    assert any(e["ph"] == "X" and e.get("cat") == "sync" for e in events)
+
+
+def test_csv_rows_match_the_launches(tmp_path):
+    x = torch.randn(32, 32, device="neuron")
+    torch.neuron.synchronize()
+    with neuron_lab.profiler.profile() as prof:
+        known_workload(x, steps=3)
+    launches_path, ops_path = prof.export_csv(tmp_path / "run.csv")
+    rows = list(csv.DictReader(open(launches_path)))
+    assert [int(r["launch_id"]) for r in rows] == [l.id for l in prof.launches]
+    assert [r["kind"] for r in rows] == [l.kind for l in prof.launches]
+    op_rows = list(csv.DictReader(open(ops_path)))
+    expected = sum(max(len(l.ops), 1) for l in prof.launches if l.kind not in ("event", "wait"))
+    assert len(op_rows) == expected
+    assert [r["op"] for r in op_rows[:4]] == ["aten::mul", "aten::add", "aten::sin", "aten::sum"]
+    assert all(r["source_file"] == __file__ for r in op_rows[:4])
+
+
+def test_parquet_rows_match_the_launches(tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is in the test extra; CI installs it")
+    x = torch.randn(32, 32, device="neuron")
+    torch.neuron.synchronize()
+    with neuron_lab.profiler.profile() as prof:
+        known_workload(x, steps=2)
+    launches_path, ops_path = prof.export_parquet(tmp_path / "run.parquet")
+    launches = pq.read_table(launches_path).to_pylist()
+    assert [r["launch_id"] for r in launches] == [l.id for l in prof.launches]
+    assert [r["n_ops"] for r in launches] == [l.n_ops for l in prof.launches]
+    ops = pq.read_table(ops_path).to_pylist()
+    assert len(ops) == len(prof.op_table())
+
+
+def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path, monkeypatch):
+    with neuron_lab.profiler.profile() as prof:
+        (torch.ones(4, device="neuron") + 1).sum().item()
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    with pytest.raises(ImportError, match=r"pip install 'neuron_lab\[parquet\]'"):
+        prof.export_parquet(tmp_path / "x.parquet")
+    assert not (tmp_path / "x.parquet").exists()
+
+
+# ---- torch.profiler ------------------------------------------------------------------------
+
+def test_torch_profiler_sees_neuron_launches():
+    x = torch.randn(64, 64, device="neuron")
+    torch.neuron.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+        for _ in range(3):
+            (x * 2 + 1).relu().sum().item()
+    keys = {e.key: e.count for e in tp.key_averages()}
+    neuron_keys = [k for k in keys if k.startswith("neuron: graph")]
+    assert neuron_keys, sorted(keys)[:40]
+    assert sum(keys[k] for k in neuron_keys) == 3
+
+
+# ---- metrics --------------------------------------------------------------------------------
+
+def test_metrics_report_counts_launches_syncs_and_cache():
+    x = torch.randn(33, 31, device="neuron")  # a shape no other test uses: its graph is new
+    torch.neuron.synchronize()
+    neuron_lab.metrics.reset()
+    known_workload(x, steps=4)
+    snap = neuron_lab.metrics.snapshot()
+    c = snap["counters"]
+    assert c["graph_launches"] == 4 and c["graphs_built"] == 1 and c["cache_hits"] == 3
+    assert snap["launch_times"]["graph"].count == 4 and snap["launch_times"]["graph"].total_s > 0
+    reads = snap["sync_times"]["aten::_local_scalar_dense"]
+    assert reads.count == 4 and reads.p50_s <= reads.p99_s <= reads.max_s
+    text = str(neuron_lab.metrics.report())
+    for section in ("Graph cache", "Compiles", "Transfers", "Syncs by reason", "Timing distributions"):
+        assert section in text
+    assert "hit rate" in text and "75.0%" in text
+    assert "<table>" in neuron_lab.metrics.report()._repr_html_()
+    neuron_lab.metrics.reset()
+    assert neuron_lab.metrics.snapshot()["counters"]["graph_launches"] == 0
+
+
+# ---- explain --------------------------------------------------------------------------------
+
+def test_explain_names_the_cause_and_line_of_a_recompile_and_a_sync():
+    def step(x):
+        y = (x * 3).exp()
+        return y.mean()
+
+    first = torch.randn(8, 16, device="neuron")
+    second = torch.randn(4, 16, device="neuron")
+    torch.neuron.synchronize()
+    step(first).item()  # graph built for (8, 16)
+    torch.neuron.synchronize()
+    with neuron_lab.explain_scope() as e:
+        loss = step(second)  # same ops, new shape: a recompile
+        value_line = here() + 1
+        value = loss.item()  # a host read: a sync
+    assert value == pytest.approx((second.cpu() * 3).exp().mean().item(), rel=1e-5)
+    (recompile,) = e.recompiles
+    assert "Float[4, 16]" in recompile.detail and "Float[8, 16]" in recompile.detail
+    assert recompile.source.file == __file__ and recompile.source.function == "step"
+    syncs = e.sync_events
+    assert [(s.what, s.source.line) for s in syncs] == [("aten::_local_scalar_dense", value_line)]
+    text = str(e)
+    assert "recompile" in text and "Float[4, 16]" in text
+    assert f"test_profiler.py:{value_line}" in text and ".item()" in text
+    assert e.used_device and e.graphs_built == 1 and e.syncs == 1 and e.launches == 1 and e.inline_ops == 1
+    assert "Input shapes" in " ".join(e.advice())
+    assert "<table" in e._repr_html_()
+    assert e.summary_line().startswith("neuron: wall ")
+
+
+def test_explain_lists_inline_ops_with_why():
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0], device="neuron")
+    with neuron_lab.explain_scope() as e:
+        idx = torch.nonzero(x)
+    assert idx.cpu().flatten().tolist() == [1, 3]
+    inline = [ev for ev in e.inline_events if ev.what == "aten::nonzero"]
+    assert inline and "depends on data" in inline[0].detail
+    assert inline[0].source.file == __file__
+    assert "aten::nonzero" in str(e)
+
+
+def test_explain_of_a_function_and_of_host_only_code():
+    x = torch.ones(8, device="neuron")
+    e = neuron_lab.explain(lambda t: (t + 1).sum().item())(x)
+    assert e.result == 16.0 and e.used_device and e.syncs == 1
+    quiet = neuron_lab.explain(lambda: sum(range(10)))()
+    assert quiet.result == 45 and not quiet.used_device
+    with pytest.raises(TypeError, match="explain_scope"):
+        neuron_lab.explain(42)
+
+
+def test_explain_scope_reports_an_async_error_after_filling_the_numbers():
+    x = torch.ones(4, device="neuron")
+    scope = neuron_lab.explain_scope()
+    with pytest.raises(IndexError, match="index 7 is out of bounds"):
+        with scope as e:
+            bad = torch.tensor([0, 7], device="neuron")
+            y = x[bad]  # out of range: raised asynchronously, at the scope's final wait
+    assert e.launches >= 1 and e.wall_s > 0
+    assert (x + 1).sum().item() == 8.0  # the runtime stays usable
