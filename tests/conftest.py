@@ -12,12 +12,27 @@ import threading
 import pytest
 import torch
 
-import neuron_lab  # noqa: F401  (registers the device)
+import neuron_lab  # registers the device
 
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def replay_tier():
+    """Adaptive eager's replay tier only, for tests that compare results bit for bit:
+    graphs compiled by earlier tests (Inductor reorders float math, and whether a
+    compiled graph is kept depends on timing) are forgotten, and none are compiled."""
+    from neuron_lab import adaptive_eager
+
+    compile_before = adaptive_eager.policy()["compile"]
+    torch.neuron.synchronize()
+    adaptive_eager.clear_graph_cache()
+    neuron_lab.configure(compile=False)
+    yield
+    neuron_lab.configure(compile=compile_before)
 
 
 @pytest.fixture

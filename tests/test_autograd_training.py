@@ -8,20 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-import neuron_lab
-from neuron_lab import adaptive_eager
-
-
-@pytest.fixture(autouse=True)
-def replay_tier():
-    """Bit-for-bit parity holds in the replay tier: graphs compiled by earlier tests
-    (Inductor reorders float math) are forgotten and no new ones are compiled."""
-    compile_before = adaptive_eager.policy()["compile"]
-    torch.neuron.synchronize()
-    adaptive_eager.clear_graph_cache()
-    neuron_lab.configure(compile=False)
-    yield
-    neuron_lab.configure(compile=compile_before)
+# Bit-for-bit parity holds in the replay tier (conftest.replay_tier).
+pytestmark = pytest.mark.usefixtures("replay_tier")
 
 
 def make_mlp() -> nn.Module:

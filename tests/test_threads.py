@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import torch
 
 from conftest import run_in_threads
@@ -12,6 +14,7 @@ from conftest import run_in_threads
 
 
 
+@pytest.mark.usefixtures("replay_tier")  # bit-for-bit: the replay tier
 def test_concurrent_training_matches_sequential() -> None:
     def train(i: int) -> list[float]:
         device = f"neuron:{i % 2}"

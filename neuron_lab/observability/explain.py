@@ -59,6 +59,8 @@ _SYNC_TRIGGERS = {
     "random state": "reading or seeding the random generator",
     "mode change": "a change of execution mode",
 }
+# Waits that only read the runtime's bookkeeping: not, by themselves, use of the device.
+_BOOKKEEPING_SYNCS = {"memory statistics", "memory snapshot"}
 _HOST_READS = {"aten::_local_scalar_dense", "copy to host", "aten::equal", "aten::is_nonzero"}
 
 
@@ -80,6 +82,11 @@ def _counters_snapshot() -> dict:
         # (the scope's exit synchronizes first, so the end value is settled).
         "allocated": list(_C.trace.allocated()),
     }
+
+
+def _settled_allocated() -> list[int]:
+    """Allocated bytes per core once pending tensors got their memory (waits for the device)."""
+    return [torch.neuron.memory_allocated(d) for d in range(_C.device_count())]
 
 
 @dataclass
@@ -110,7 +117,8 @@ class Explanation:
     @property
     def used_device(self) -> bool:
         """Whether the region launched, recorded, waited for or allocated anything on neuron."""
-        return bool(self.launches or self.ops_recorded or self.inline_ops or self.events
+        own = [e for e in self.events if not (e.kind == "sync" and e.what in _BOOKKEEPING_SYNCS)]
+        return bool(self.launches or self.ops_recorded or self.inline_ops or own
                     or self.memory_delta_bytes or self.peak_bytes > self._start_allocated)
 
     def _of(self, *kinds: str) -> list[Event]:
@@ -295,7 +303,7 @@ class explain_scope:
         error: Optional[BaseException] = None
         self._end_ns = now_ns()  # the final wait below is the scope's, not one of the region's syncs
         try:
-            torch.neuron.synchronize()
+            _C.adaptive.synchronize_all("synchronize")  # every core: the region may have used several
         except Exception as e:  # an asynchronous error of the region: reported after the numbers
             error = e
         finally:
@@ -308,6 +316,7 @@ class explain_scope:
         wall = time.perf_counter() - self._t0
         peaks = _C.trace.close_watermark(self._watermark)
         end = _counters_snapshot()
+        end["allocated"] = _settled_allocated()
         start = self._start
         self._start = None
         c0, c1 = start["counters"], end["counters"]
@@ -325,7 +334,8 @@ class explain_scope:
             setattr(e, key, int(c1[key] - c0[key]))
         e.syncs = len(e.sync_events)
         e._start_allocated = sum(start["allocated"])
-        e.peak_bytes = int(max(peaks) if peaks else 0)
+        # Pending results get their memory when the region settles: the peak includes that.
+        e.peak_bytes = int(max(list(peaks) + end["allocated"]))
         e.memory_delta_bytes = int(sum(end["allocated"]) - sum(start["allocated"]))
 
 
