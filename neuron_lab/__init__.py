@@ -15,5 +15,28 @@ from neuron_lab import metrics, profiler  # noqa: E402
 from neuron_lab.observability import explain, explain_scope  # noqa: E402
 
 __all__ = ["__version__", "set_mode", "get_mode", "mode", "configure", "profiler", "metrics", "explain",
-           "explain_scope"]
+           "explain_scope",
+           "load_ipython_extension", "unload_ipython_extension", "Dashboard"]
 __version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython) -> None:  # noqa: ANN001 - an IPython InteractiveShell
+    """``%load_ext neuron_lab``: magics, per-cell timing, one status line (see ``neuron_lab.magics``)."""
+    from neuron_lab.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:  # noqa: ANN001
+    """``%unload_ext neuron_lab``: removes every magic, hook and transformer it added."""
+    from neuron_lab.magics import unload_ipython_extension as unload
+
+    unload(ipython)
+
+
+def __getattr__(name: str):
+    if name == "Dashboard":  # ipywidgets only when asked for
+        from neuron_lab.magics.dashboard import Dashboard
+
+        return Dashboard
+    raise AttributeError(f"module 'neuron_lab' has no attribute {name!r}")

@@ -1,0 +1,64 @@
+"""``%load_ext neuron_lab`` and ``%unload_ext neuron_lab``: what the extension adds and removes.
+
+Loading registers the magics (``neuron_lab.magics.magics``), attaches the per-cell timer
+(``neuron_lab.magics.autotime``: two IPython events and one AST transformer) with its line
+on, and prints one line: devices, memory per core, mode. Loading again is harmless.
+Unloading removes every magic, event and transformer it added and stops the dashboards.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["load_ipython_extension", "unload_ipython_extension", "is_loaded"]
+
+# shell -> its NeuronMagics instance, while the extension is loaded in that shell
+_LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def is_loaded(shell: Any) -> bool:
+    """Whether the extension is loaded in ``shell``."""
+    return shell in _LOADED
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """Registers the neuron magics and per-cell timing in ``shell``; prints one line."""
+    import neuron_lab
+    from neuron_lab.magics.autotime import CellTimer, timer_for
+    from neuron_lab.magics.display import banner
+    from neuron_lab.magics.magics import NeuronMagics
+
+    if shell in _LOADED:
+        print(banner(autotime=_LOADED[shell].timer.printing))
+        return
+    if not hasattr(neuron_lab, "explain_scope"):
+        raise ImportError("neuron_lab.explain_scope is missing: this neuron_lab has no observability layer")
+    timer = timer_for(shell)  # a dashboard may have started one, quietly
+    if timer is None:
+        timer = CellTimer(shell)
+    timer.printing = True
+    timer.attach()
+    magics = NeuronMagics(shell, timer=timer)
+    shell.register_magics(magics)
+    _LOADED[shell] = magics
+    print(banner(autotime=True))
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    """Removes every magic, event callback and AST transformer the extension added."""
+    from neuron_lab.magics.autotime import timer_for
+    from neuron_lab.magics.dashboard import stop_dashboards
+
+    magics = _LOADED.pop(shell, None)
+    if magics is not None:
+        manager = shell.magics_manager
+        for kind, names in magics.magics.items():
+            for name in names:
+                manager.magics[kind].pop(name, None)
+        if manager.registry.get(type(magics).__name__) is magics:
+            del manager.registry[type(magics).__name__]
+    stop_dashboards(shell)
+    timer = timer_for(shell)
+    if timer is not None:
+        timer.detach()  # last: finishing the cell's device work may raise its error
