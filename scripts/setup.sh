@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up neuron_lab in ./.venv: Python venv, torch 2.13.0 (CPU build), the
-# package in editable mode with its test extras, and its C++ extension.
+# package in editable mode with its test extras, its C++ extension, and Debian's
+# chromium for the browser end-to-end test (tests/e2e; NEURON_LAB_SKIP_CHROMIUM=1 skips it).
 # Idempotent: a second run only rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,4 +42,33 @@ if ! "$VENV/bin/python" setup.py -q build_ext --inplace > build/extension.log 2>
   cat build/extension.log >&2
   echo "setup: building the C++ extension failed (log above)" >&2
   exit 1
+fi
+
+# Headless Chromium for the browser end-to-end test (tests/e2e): Debian's package, since
+# Playwright's own browser download does not work here. Needs root (or passwordless sudo);
+# without it the test skips locally, but CI (CI set) must have it, so there it is an error.
+if [ -z "${NEURON_LAB_SKIP_CHROMIUM:-}" ] \
+    && ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ]; then
+  SUDO=()
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    SUDO=(sudo -n)
+  fi
+  apt_install() {
+    "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y -qq --no-install-recommends chromium >> build/chromium-apt.log 2>&1
+  }
+  : > build/chromium-apt.log
+  if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" -ne 0 ] && [ ${#SUDO[@]} -eq 0 ]; }; then
+    msg="setup: chromium is missing and cannot be installed here (needs apt-get as root);"
+    msg+=" install it with: apt-get install -y --no-install-recommends chromium"
+    if [ -n "${CI:-}" ]; then echo "$msg" >&2; exit 1; fi
+    echo "$msg (the browser end-to-end test will skip)" >&2
+  elif ! apt_install \
+      && ! { "${SUDO[@]}" apt-get update -qq >> build/chromium-apt.log 2>&1 && apt_install; }; then
+    cat build/chromium-apt.log >&2
+    msg="setup: installing chromium failed (apt log above);"
+    msg+=" try: apt-get update && apt-get install -y --no-install-recommends chromium"
+    if [ -n "${CI:-}" ]; then echo "$msg" >&2; exit 1; fi
+    echo "$msg (the browser end-to-end test will skip)" >&2
+  fi
 fi
