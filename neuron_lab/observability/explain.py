@@ -193,8 +193,7 @@ class Explanation:
         lines = [f"neuron_lab.explain: {self.label} took {format_seconds(self.wall_s)}"]
         lines.append(
             f"  time: host tracing {format_seconds(self.host_tracing_s)} | device {format_seconds(self.device_s)}"
-            f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}"
-            " (background)")
+            f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}")
         lines.append(
             f"  launches: {self.launches} ({self.graph_launches} graphs: {self.graphs_built} new, "
             f"{self.cache_hits} cached; {self.inline_ops} inline ops; {self.ops_recorded} ops recorded)")
@@ -253,8 +252,7 @@ class Explanation:
                f"{format_seconds(self.wall_s)}",
                f"<div style='width:420px;background:#eee'>{bars}</div>",
                f"<div>host tracing {format_seconds(self.host_tracing_s)} · device {format_seconds(self.device_s)} · "
-               f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)} "
-               f"(background)</div>",
+               f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)}</div>",
                f"<div>{self.launches} launches ({self.graph_launches} graphs: {self.graphs_built} new, "
                f"{self.cache_hits} cached; {self.inline_ops} inline ops) · peak {format_bytes(self.peak_bytes)}, "
                f"change {format_bytes(self.memory_delta_bytes)}</div>"]

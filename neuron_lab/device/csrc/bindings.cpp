@@ -14,7 +14,8 @@ namespace neuron::lazy {
 void register_bindings(py::module& m);  // neuron_lab/adaptive_eager/csrc/python.cpp
 }
 namespace neuron {
-void register_trace_bindings(py::module& m);  // trace_bindings.cpp
+void register_trace_bindings(py::module& m);   // trace_bindings.cpp
+void register_kernel_bindings(py::module& m);  // kernel_bindings.cpp
 }
 
 namespace {
@@ -116,6 +117,8 @@ PYBIND11_MODULE(_C, m) {
   neuron::lazy::register_bindings(adaptive);
   auto trace = m.def_submodule("trace", "Launch records and the event log (neuron_lab.observability).");
   neuron::register_trace_bindings(trace);
+  auto kernels = m.def_submodule("kernels", "Host kernels over device memory (neuron_lab.kernels, torch.compile).");
+  neuron::register_kernel_bindings(kernels);
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
         "Sets the number of emulated cores and the memory capacity of each.");
   m.def("device_count", []() { return static_cast<int>(neuron::device_count()); });

@@ -33,6 +33,12 @@ namespace {
 // allocator so that out= kernels may resize their output; the fallback then
 // moves the new bytes into device memory.
 c10::Storage host_storage_of(const c10::Storage& storage) {
+  // FakeTensors and meta tensors (torch.compile tracing) and wrapper subclasses have
+  // no device memory: aliasing them would let a kernel read arbitrary host memory.
+  TORCH_CHECK(storage.device_type() == kNeuron && (storage.data() != nullptr || storage.nbytes() == 0),
+              "neuron: a kernel that needs tensor data got a tensor without neuron memory (storage on ",
+              storage.device(), "), e.g. a FakeTensor while torch.compile traces. The op needs a meta "
+              "(fake) implementation for tracing; please report the op.");
   materialize(storage);  // a pending result gets its memory before anyone touches it
   void* data = const_cast<void*>(storage.data());
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),

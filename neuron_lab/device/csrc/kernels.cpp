@@ -8,6 +8,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/_reshape_alias_native.h>
@@ -17,6 +18,7 @@
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/MemoryFormat.h>
 #include <c10/util/accumulate.h>
 #include <c10/util/strides.h>
@@ -312,9 +314,30 @@ at::Tensor host_view_for_choice(const at::Tensor& t) {
   return h;
 }
 
+// torch.compile traces with FakeTensors (neuron tensors over meta storage) and
+// functional wrappers (no memory): the choice is made on meta tensors, outside
+// the tracer's Python dispatch.
+at::Tensor meta_for_choice(const at::Tensor& t) {
+  auto m = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  if (t.requires_grad()) m.set_requires_grad(true);
+  return m;
+}
+
 int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                    std::optional<double> scale, bool enable_gqa) {
+  const bool traced = !query.has_storage() || query.storage().device_type() != kNeuron ||
+                      query.storage().data() == nullptr ||
+                      query.key_set().has_any(c10::DispatchKeySet({c10::DispatchKey::Python,
+                                                                   c10::DispatchKey::Functionalize}));
+  if (traced) {
+    c10::impl::ExcludeDispatchKeyGuard no_tracer(c10::DispatchKeySet(
+        {c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::PreDispatch}));
+    std::optional<at::Tensor> meta_mask;
+    if (attn_mask.has_value() && attn_mask->defined()) meta_mask = meta_for_choice(*attn_mask);
+    return at::_fused_sdp_choice(meta_for_choice(query), meta_for_choice(key), meta_for_choice(value), meta_mask,
+                                 dropout_p, is_causal, scale, enable_gqa);
+  }
   std::optional<at::Tensor> host_mask;
   if (attn_mask.has_value() && attn_mask->defined()) host_mask = host_view_for_choice(*attn_mask);
   return at::_fused_sdp_choice(host_view_for_choice(query), host_view_for_choice(key),

@@ -95,6 +95,24 @@ void register_trace_bindings(py::module& m) {
         return out;
       },
       py::arg("since_ns"), "Logged events (syncs, new graphs, inline ops, compiles) since a time.");
+  m.def(
+      "log_event",
+      [](std::string kind, std::string what, std::string detail, int64_t duration_ns, int64_t graph_id,
+         int device) {
+        trace::Event e;
+        e.duration_ns = duration_ns;
+        e.time_ns = trace::now_ns() - duration_ns;
+        e.kind = std::move(kind);
+        e.what = std::move(what);
+        e.detail = std::move(detail);
+        e.source = trace::capture();
+        e.graph_id = graph_id;
+        e.device = device;
+        trace::log_event(std::move(e));
+      },
+      py::arg("kind"), py::arg("what"), py::arg("detail"), py::arg("duration_ns") = 0, py::arg("graph_id") = -1,
+      py::arg("device") = -1,
+      "Logs an event (e.g. a torch.compile graph build) at the caller's user line; it began duration_ns ago.");
   m.def("totals", []() {
     const auto t = trace::totals();
     py::dict d;

@@ -1,0 +1,210 @@
+"""The ``neuron`` torch.compile backend.
+
+``torch.compile(model, backend="neuron")`` (or ``torch.compiler.set_default_backend("neuron")``
+then ``model.compile()``): Dynamo captures the graph, AOTAutograd splits it into a
+forward and a backward graph, and each is compiled by TorchInductor *for the host*
+(the emulated NeuronCore's compute is the host CPU). At run time each compiled
+graph is one launch on the current neuron stream: it waits for the launches that
+produce its inputs, runs the compiled code over the device memory itself (CPU
+aliases, no copies) and writes its results into device memory. Code between graphs
+(graph breaks) runs in adaptive eager mode. Every graph build and recompile is
+logged with its cause and line (``neuron_lab.explain``); every launch shows in the
+profiler as ``compiled <name>``.
+
+Graphs whose shapes are symbolic (``dynamic=True``, or Dynamo's automatic dynamic
+shapes after a shape change) run their ATen ops through adaptive eager instead of
+Inductor: correct, fused and cached, and said so in the event log.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import threading
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx
+
+from neuron_lab.device import _C
+
+__all__ = ["neuron_backend", "compiled_graphs"]
+
+_kernels = _C.kernels
+_graph_ids = itertools.count(1)
+_lock = threading.Lock()
+# Example input shapes of the last compile of each Dynamo frame: a recompile's cause.
+_last_inputs: dict[int, list[str]] = {}
+_graphs: list[dict] = []
+
+
+def compiled_graphs() -> list[dict]:
+    """Every graph the backend compiled: id, kind (forward / backward / inference), tier
+    (inductor, or adaptive eager for symbolic shapes), compile seconds, launches."""
+    with _lock:
+        return [dict(g) for g in _graphs]
+
+
+def _describe(value: torch.Tensor) -> str:
+    dtype = str(value.dtype).removeprefix("torch.")
+    return f"{dtype}[{', '.join(str(s) for s in value.shape)}] on {value.device}"
+
+
+def _log(kind: str, what: str, detail: str, duration_s: float = 0.0, graph_id: int = -1) -> None:
+    _C.trace.log_event(kind, what, detail, int(duration_s * 1e9), graph_id, -1)
+
+
+def _note_frame(example_inputs: Sequence[Any]) -> tuple[str, str]:
+    """(kind, cause) of this Dynamo compile: a first compile or a recompile, and why."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    frame = compile_id.frame_id if compile_id is not None else -1
+    shapes = [_describe(x) for x in example_inputs if isinstance(x, torch.Tensor)]
+    with _lock:
+        previous = _last_inputs.get(frame)
+        _last_inputs[frame] = shapes
+    if previous is None:
+        return "new_graph", "torch.compile: the first compile of this function"
+    for i, (now, then) in enumerate(zip(shapes, previous)):
+        if now != then:
+            dynamic = " (dynamic: Dynamo marked the changed size symbolic)" if "s" in now.split("[")[1] else ""
+            return "recompile", (f"torch.compile: Dynamo's guards failed: tensor input {i} is {now}{dynamic}; "
+                                 f"the cached graph was compiled for {then}")
+    if len(shapes) != len(previous):
+        return "recompile", f"torch.compile: {len(shapes)} tensor inputs now, {len(previous)} before"
+    return "recompile", "torch.compile: a guard on a Python value (not a tensor shape) failed"
+
+
+def _to_cpu_device(value: Any) -> Any:
+    if isinstance(value, torch.device) and value.type == "neuron":
+        return torch.device("cpu")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu_device(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu_device(v) for k, v in value.items()}
+    return value
+
+
+def _retarget_to_host(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The same graph with every ``device=neuron`` argument on the CPU (the host runs it)."""
+    for node in gm.graph.nodes:
+        node.args = _to_cpu_device(node.args)
+        node.kwargs = _to_cpu_device(node.kwargs)
+    gm.recompile()
+    return gm
+
+
+def _is_symbolic(x: Any) -> bool:
+    if isinstance(x, torch.SymInt):
+        return True
+    if isinstance(x, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride()))
+    return False
+
+
+def _host_example(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="cpu")
+    return x
+
+
+_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-compile")
+
+
+def _inductor_compile(gm: torch.fx.GraphModule, examples: list) -> Callable:
+    # A fresh thread: none of Dynamo's tracing state (fake mode, tracing context) of
+    # the caller leaks into Inductor's own compile of this host graph.
+    def work() -> Callable:
+        from torch._inductor.compile_fx import compile_fx
+
+        with torch.no_grad():
+            return compile_fx(gm, examples)
+
+    return _pool.submit(work).result()
+
+
+def _devices_of(examples: Sequence[Any]) -> set[int]:
+    return {x.device.index or 0 for x in examples if isinstance(x, torch.Tensor) and x.device.type == "neuron"}
+
+
+def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    graph_id = next(_graph_ids)
+    name = f"compiled {kind} graph {graph_id}"
+    devices = _devices_of(example_inputs)
+    record = {"id": graph_id, "kind": kind, "tier": "inductor", "compile_s": 0.0, "launches": 0,
+              "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function")}
+    fallback_reason = None
+    if any(_is_symbolic(x) for x in example_inputs):
+        fallback_reason = "its shapes are symbolic (dynamic shapes): it runs through adaptive eager"
+    elif len(devices) > 1:
+        fallback_reason = f"it uses several cores ({sorted(devices)}): it runs through adaptive eager"
+    if fallback_reason is not None:
+        record["tier"] = "adaptive eager"
+        with _lock:
+            _graphs.append(record)
+        _log("compile", name, fallback_reason, 0.0, graph_id)
+        return gm  # ATen ops on neuron tensors: recorded and fused by adaptive eager
+
+    start = time.perf_counter()
+    host_gm = _retarget_to_host(gm)
+    try:
+        compiled = _inductor_compile(host_gm, [_host_example(x) for x in example_inputs])
+    except Exception as e:
+        _log("compile_failed", name, f"Inductor failed ({type(e).__name__}: {e}); it runs through adaptive eager",
+             time.perf_counter() - start, graph_id)
+        record["tier"] = "adaptive eager (compile failed)"
+        with _lock:
+            _graphs.append(record)
+        return gm
+    seconds = time.perf_counter() - start
+    record["compile_s"] = seconds
+    with _lock:
+        _graphs.append(record)
+    _log("compile", name, f"TorchInductor compiled {record['ops']} ops for the host", seconds, graph_id)
+    if not devices:
+        return compiled  # a graph over CPU tensors only
+
+    device = devices.pop()
+
+    def launch(*args: Any) -> Any:
+        tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
+        _kernels.prepare_host_access(tensors, [], name)
+        with _kernels.InlineLaunch(device, name):
+            host_args = [_kernels.host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]
+            outputs = compiled(*host_args)
+            results = [_kernels.to_device(o, device) if isinstance(o, torch.Tensor) else o for o in outputs]
+        record["launches"] += 1
+        return type(outputs)(results) if isinstance(outputs, tuple) else results
+
+    launch._boxed_call = getattr(compiled, "_boxed_call", False)  # type: ignore[attr-defined]
+    if launch._boxed_call:  # Inductor's boxed convention: one list argument, cleared by the callee
+        def boxed(args: list) -> Any:
+            items = list(args)
+            args.clear()
+            return launch(*items)
+
+        boxed._boxed_call = True  # type: ignore[attr-defined]
+        return boxed
+    return launch
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
+    """The Dynamo backend registered as ``"neuron"``."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from neuron_lab.compile import device_interface
+
+    device_interface.register()
+    kind, cause = _note_frame(example_inputs)
+    _log(kind, f"torch.compile graph ({sum(1 for n in gm.graph.nodes if n.op == 'call_function')} ops)", cause)
+    return aot_autograd(
+        fw_compiler=functools.partial(_compile_graph, "forward"),
+        bw_compiler=functools.partial(_compile_graph, "backward"),
+        inference_compiler=functools.partial(_compile_graph, "inference"),
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
+    )(gm, example_inputs)

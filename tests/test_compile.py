@@ -1,0 +1,151 @@
+"""torch.compile(backend="neuron"): registration, forward and backward parity for an
+MLP, a CNN and a transformer block, recompiles, dynamic shapes, graph breaks,
+autocast inside compiled code, and what the profiler and explain() show."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import neuron_lab
+from neuron_lab.compile import compiled_graphs
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    torch.compiler.set_default_backend("inductor")
+
+
+def parity(model: nn.Module, make_input, compile_model, atol: float = 1e-5, steps: int = 2) -> None:
+    """Trains a copy on CPU (eager) and a compiled copy on neuron; losses and grads agree."""
+    torch.manual_seed(0)
+    cpu_model = copy.deepcopy(model)
+    dev_model = copy.deepcopy(model).to("neuron")
+    compiled = compile_model(dev_model)
+    for step in range(steps):
+        x = make_input(step)
+        ref_out = cpu_model(x)
+        out = compiled(x.to("neuron"))
+        torch.testing.assert_close(out.cpu(), ref_out, atol=atol, rtol=1e-4)
+        ref_out.square().mean().backward()
+        out.square().mean().backward()
+        for (name, a), b in zip(dev_model.named_parameters(), cpu_model.parameters()):
+            torch.testing.assert_close(a.grad.cpu(), b.grad, atol=atol, rtol=1e-4, msg=f"grad of {name}")
+        for m in (cpu_model, dev_model):
+            m.zero_grad()
+
+
+def test_backend_is_listed():
+    assert "neuron" in torch.compiler.list_backends()
+
+
+class MLP(nn.Module):
+    """A user's model (Module.compile() traces forwards defined outside torch.nn)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def test_set_default_backend_then_model_compile_runs_on_neuron():
+    torch.compiler.set_default_backend("neuron")
+    model = MLP()
+    before = len(compiled_graphs())
+
+    def compile_model(m):
+        m.compile()
+        return m
+
+    parity(model, lambda step: torch.randn(16, 32), compile_model)
+    kinds = [g["kind"] for g in compiled_graphs()[before:]]
+    assert kinds == ["forward", "backward"], compiled_graphs()[before:]
+    assert all(g["tier"] == "inductor" and g["launches"] == 2 for g in compiled_graphs()[before:])
+
+
+def test_cnn_forward_and_backward_match_eager():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(8 * 2 * 2, 5))
+    parity(model, lambda step: torch.randn(4, 3, 8, 8), lambda m: torch.compile(m, backend="neuron"), atol=1e-4)
+
+
+def test_transformer_block_forward_and_backward_match_eager():
+    model = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
+    parity(model, lambda step: torch.randn(2, 6, 32), lambda m: torch.compile(m, backend="neuron"), atol=1e-4)
+
+
+def test_recompile_on_a_new_shape_is_counted_and_explained():
+    def f(x):
+        return (x.sin() * 2).sum(dim=-1)
+
+    compiled = torch.compile(f, backend="neuron", dynamic=False)
+    compiled(torch.randn(8, 4, device="neuron"))
+    with neuron_lab.explain_scope() as e:
+        out = compiled(torch.ones(3, 4, device="neuron"))
+    torch.testing.assert_close(out.cpu(), f(torch.ones(3, 4)))
+    (recompile,) = e.recompiles
+    assert "float32[3, 4]" in recompile.detail and "float32[8, 4]" in recompile.detail
+    assert recompile.source.file == __file__
+    assert any(ev.kind == "compile" and "compiled inference graph" in ev.what for ev in e.events)
+    assert "recompile" in str(e)
+
+
+def test_dynamic_shapes_run_correctly_through_adaptive_eager():
+    def f(x):
+        return torch.relu(x) @ x.T
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x), atol=1e-5, rtol=1e-5)
+    assert any(g["tier"] == "adaptive eager" for g in compiled_graphs())
+
+
+def test_graph_breaks_fall_back_to_adaptive_eager():
+    def f(x):
+        y = x * 2
+        if y.sum().item() > 0:  # a data-dependent branch: a graph break
+            return y + 1
+        return y - 1
+
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(16)
+    torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x))
+    torch.testing.assert_close(compiled((-x.abs()).to("neuron")).cpu(), f(-x.abs()))
+
+
+def test_autocast_inside_compiled_code_uses_low_precision_matmuls():
+    def f(a, b):
+        with torch.autocast("neuron", dtype=torch.bfloat16):
+            c = a @ b
+            s = c.float().softmax(dim=-1).sum()
+        return c, s
+
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    c, s = torch.compile(f, backend="neuron")(a.to("neuron"), b.to("neuron"))
+    assert c.dtype == torch.bfloat16 and s.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = a @ b
+    torch.testing.assert_close(c.cpu(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_profiler_and_counters_see_compiled_launches():
+    model = torch.compile(nn.Linear(8, 8).to("neuron"), backend="neuron")
+    x = torch.randn(4, 8, device="neuron")
+    model(x)  # compile outside the profile
+    with neuron_lab.profiler.profile() as prof:
+        for _ in range(3):
+            y = model(x)
+        y.sum().item()
+    # The weights require grad, so AOTAutograd compiled a forward (and a backward) graph.
+    launches = [l for l in prof.launches if l.name.startswith("compiled forward graph")]
+    assert len(launches) == 3 and all(l.kind == "inline" and l.status == "done" for l in launches)
+    assert any(r.name.startswith("compiled forward graph") for r in prof.table().launch_rows)
