@@ -13,9 +13,10 @@ _register()
 from neuron_lab.adaptive_eager import configure, get_mode, mode, set_mode  # noqa: E402
 from neuron_lab import metrics, profiler  # noqa: E402
 from neuron_lab.observability import explain, explain_scope  # noqa: E402
+from neuron_lab import kernels  # noqa: E402
 
 __all__ = ["__version__", "set_mode", "get_mode", "mode", "configure", "profiler", "metrics", "explain",
-           "explain_scope",
+           "explain_scope", "kernels",
            "load_ipython_extension", "unload_ipython_extension", "Dashboard"]
 __version__ = "0.1.0"
 

@@ -91,7 +91,10 @@ def test_recompile_on_a_new_shape_is_counted_and_explained():
     with neuron_lab.explain_scope() as e:
         out = compiled(torch.ones(3, 4, device="neuron"))
     torch.testing.assert_close(out.cpu(), f(torch.ones(3, 4)))
-    (recompile,) = e.recompiles
+    # (torch.ones may also rebuild an adaptive-eager graph cached by another test.)
+    recompiles = [r for r in e.recompiles if r.what.startswith("torch.compile")]
+    assert len(recompiles) == 1, [(r.what, r.detail) for r in e.recompiles]
+    (recompile,) = recompiles
     assert "float32[3, 4]" in recompile.detail and "float32[8, 4]" in recompile.detail
     assert recompile.source.file == __file__
     assert any(ev.kind == "compile" and "compiled inference graph" in ev.what for ev in e.events)

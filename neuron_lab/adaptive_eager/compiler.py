@@ -238,6 +238,44 @@ def _compile(storages: list, ops: list) -> Callable[[list], Any]:
     return run
 
 
+class _ExclusiveWithDynamo:
+    """FX and Inductor keep process-wide state (the FX tracing flag, traceback levels):
+    a background compile overlapping a torch.compile on another thread breaks the
+    latter. The background compiler holds this lock per graph; Dynamo's compile
+    callbacks take it for each torch.compile compile."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._dynamo_holds = False
+        self._registered = False
+
+    def _start(self, _args: Any) -> None:
+        self.lock.acquire()
+        self._dynamo_holds = True
+
+    def _end(self, _args: Any) -> None:
+        if self._dynamo_holds:  # a compile that began before registration holds nothing
+            self._dynamo_holds = False
+            self.lock.release()
+
+    def register(self) -> None:
+        """Hooks into Dynamo (imported here, in the background, on first use)."""
+        if self._registered:
+            return
+        from torch._dynamo.callback import callback_handler
+
+        callback_handler.register_start_callback(self._start)
+        callback_handler.register_end_callback(self._end)
+        self._registered = True
+        # A torch.compile already under way did not take the lock: let it finish first.
+        pending = "_CompilationCallbackHandler__pending_callbacks_counter"
+        while getattr(callback_handler, pending, 0) > 0 and not self._dynamo_holds:
+            time.sleep(0.05)
+
+
+_exclusive = _ExclusiveWithDynamo()
+
+
 def _compile_forever() -> None:
     """The compiler thread: takes hot graphs from the runtime, one at a time."""
     while not _native.compiler_stopping():
@@ -247,7 +285,9 @@ def _compile_forever() -> None:
         graph_id, storages, ops = request
         start = time.perf_counter()
         try:
-            fn = _compile(storages, ops)
+            _exclusive.register()
+            with _exclusive.lock:
+                fn = _compile(storages, ops)
         except Exception as e:  # noqa: BLE001 - any failure means: keep replaying
             _native.install_compiled(graph_id, None, f"{type(e).__name__}: {e}"[:500], time.perf_counter() - start)
         else:

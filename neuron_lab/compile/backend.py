@@ -66,7 +66,8 @@ def _note_frame(example_inputs: Sequence[Any]) -> tuple[str, str]:
     with _lock:
         previous = _last_inputs.get(frame)
         _last_inputs[frame] = shapes
-    if previous is None:
+    first = compile_id is None or compile_id.frame_compile_id == 0  # frame ids restart after dynamo.reset()
+    if previous is None or first:
         return "new_graph", "torch.compile: the first compile of this function"
     for i, (now, then) in enumerate(zip(shapes, previous)):
         if now != then:

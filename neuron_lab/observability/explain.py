@@ -10,6 +10,7 @@ line, and every op that ran inline instead of being fused.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import html
 import time
@@ -62,6 +63,15 @@ _SYNC_TRIGGERS = {
 # Waits that only read the runtime's bookkeeping: not, by themselves, use of the device.
 _BOOKKEEPING_SYNCS = {"memory statistics", "memory snapshot"}
 _HOST_READS = {"aten::_local_scalar_dense", "copy to host", "aten::equal", "aten::is_nonzero"}
+
+
+def _by_design(what: str) -> str:
+    """Why a launch of this name is inline on purpose ("" when it is not)."""
+    if what.startswith("compiled ") and " graph " in what:
+        return "a torch.compile graph: one launch by design"
+    if "::" in what and not what.startswith("aten::"):
+        return "a custom kernel (neuron_lab.kernels): a fusion boundary by design"
+    return ""
 
 
 def _trigger(what: str) -> str:
@@ -141,8 +151,17 @@ class Explanation:
 
     @property
     def inline_events(self) -> list[Event]:
-        """Ops that ran inline on the host thread (a fusion boundary), other than host reads."""
-        return [e for e in self._of("inline_op") if e.what not in _HOST_READS]
+        """Ops that ran inline on the host thread (a fusion boundary), other than host reads.
+        Custom kernels and torch.compile graphs are such launches by design; their
+        ``detail`` says so."""
+        out = []
+        for e in self._of("inline_op"):
+            if e.what in _HOST_READS:
+                continue
+            if _by_design(e.what):
+                e = dataclasses.replace(e, detail=_by_design(e.what))
+            out.append(e)
+        return out
 
     def summary_line(self) -> str:
         """One compact line: what the region cost and did on the device."""
@@ -178,8 +197,9 @@ class Explanation:
         if len(reads) > 1:
             out.append("The host reads device values repeatedly (e.g. loss.item() every step), and every read "
                        "waits for all queued work: accumulate on the device and read once at the end.")
-        if self.inline_events:
-            ops = sorted({e.what for e in self.inline_events})
+        unplanned = [e for e in self.inline_events if not _by_design(e.what)]
+        if unplanned:
+            ops = sorted({e.what for e in unplanned})
             out.append(f"{', '.join(ops[:4])} ran inline and cut the fused graphs in pieces; see why above.")
         if self.compile_s and self.compile_s > 0.5 * max(self.wall_s, 1e-9):
             out.append("Background compiles took a large share of this region; they pay off in later runs "
