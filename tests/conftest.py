@@ -20,6 +20,56 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# ---- a real IPython shell (tests of the Jupyter layer) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory):
+    """One InteractiveShell per test module, with plain-text tracebacks."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("colors", "nocolor")  # plain text tracebacks, as a terminal without colours
+    shell.user_ns["torch"] = torch
+    gc.collect()
+    gc.freeze()  # the per-test collections below then only walk this module's new objects
+    yield shell
+    gc.unfreeze()
+
+
+def unload_extension(shell) -> None:
+    """%unload_ext neuron_lab, and stops a timer a dashboard started without the extension."""
+    from IPython.utils.capture import capture_output
+
+    from neuron_lab.magics.autotime import timer_for
+
+    with capture_output():
+        shell.run_line_magic("unload_ext", "neuron_lab")
+        timer = timer_for(shell)
+        if timer is not None:
+            timer.detach()
+
+
+@pytest.fixture
+def ip(shell):
+    """The shell with the extension loaded, in adaptive mode; unloaded afterwards."""
+    from IPython.utils.capture import capture_output
+
+    previous_mode = neuron_lab.get_mode()
+    neuron_lab.set_mode("adaptive")
+    gc.collect()  # a collection inside a cell would free earlier tests' tensors in that cell
+    gc.disable()
+    with capture_output():
+        shell.run_line_magic("load_ext", "neuron_lab")
+    yield shell
+    unload_extension(shell)
+    shell.ast_node_interactivity = "last_expr"
+    gc.enable()
+    torch.neuron.synchronize()
+    neuron_lab.set_mode(previous_mode)
+
+
 @pytest.fixture
 def replay_tier():
     """Adaptive eager's replay tier only, for tests that compare results bit for bit:

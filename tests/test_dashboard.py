@@ -17,42 +17,12 @@ from neuron_lab.magics.autotime import timer_for
 from neuron_lab.magics.dashboard import Dashboard
 from neuron_lab.magics.display import format_bytes
 
+from conftest import unload_extension
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-@pytest.fixture(scope="module")
-def shell(tmp_path_factory):
-    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("colors", "nocolor")
-    shell.user_ns["torch"] = torch
-    gc.collect()
-    gc.freeze()  # the per-test collections below then only walk this module's new objects
-    yield shell
-    gc.unfreeze()
-
-
-def _unload(shell: InteractiveShell) -> None:
-    with capture_output():
-        shell.run_line_magic("unload_ext", "neuron_lab")
-        timer = timer_for(shell)  # a timer a dashboard started without the extension
-        if timer is not None:
-            timer.detach()
-
-
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    previous_mode = neuron_lab.get_mode()
-    neuron_lab.set_mode("adaptive")
-    gc.collect()  # a collection inside a cell would free earlier tests' tensors in that cell
-    gc.disable()
-    with capture_output():
-        shell.run_line_magic("load_ext", "neuron_lab")
-    yield shell
-    _unload(shell)
-    gc.enable()
-    torch.neuron.synchronize()
-    neuron_lab.set_mode(previous_mode)
+# `shell` and `ip` (a real InteractiveShell, with the extension loaded) come from conftest.
 
 
 def run(shell: InteractiveShell, code: str):
@@ -157,7 +127,7 @@ def test_refresh_button_and_text_fallback(ip: InteractiveShell) -> None:
 
 def test_unload_stops_the_dashboards(ip: InteractiveShell) -> None:
     dashboard = show_dashboard(ip)
-    _unload(ip)
+    unload_extension(ip)
     updates = dashboard.updates
     ok(ip, "y = torch.ones(8, device='neuron') * 2")
     assert dashboard.updates == updates and not dashboard.following
@@ -179,4 +149,4 @@ def test_a_dashboard_without_the_extension_times_cells_quietly(shell: Interactiv
         _, captured = ok(shell, "z = z + 1")
         assert captured.stdout.strip() == dashboard.chart_cells[-1].explanation.summary_line()
     finally:
-        _unload(shell)
+        unload_extension(shell)

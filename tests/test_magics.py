@@ -28,34 +28,7 @@ MAGICS = ("neuron_memory", "neuron_mode", "neuron_status", "neuron_explain", "ne
 # ---- a real shell --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def shell(tmp_path_factory):
-    os.environ.setdefault("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("colors", "nocolor")  # plain text tracebacks, as a terminal without colours
-    shell.user_ns["torch"] = torch
-    gc.collect()
-    gc.freeze()  # the per-test collections below then only walk this module's new objects
-    yield shell
-    gc.unfreeze()
-
-
-@pytest.fixture
-def ip(shell: InteractiveShell):
-    """The shell with the extension loaded, in adaptive mode; unloaded afterwards."""
-    previous_mode = neuron_lab.get_mode()
-    neuron_lab.set_mode("adaptive")
-    gc.collect()  # a collection inside a cell would free earlier tests' tensors in that cell
-    gc.disable()
-    with capture_output():
-        shell.run_line_magic("load_ext", "neuron_lab")
-    yield shell
-    with capture_output():
-        shell.run_line_magic("unload_ext", "neuron_lab")
-    shell.ast_node_interactivity = "last_expr"
-    gc.enable()
-    torch.neuron.synchronize()
-    neuron_lab.set_mode(previous_mode)
+# `shell` and `ip` (a real InteractiveShell, with the extension loaded) come from conftest.
 
 
 class Cell:

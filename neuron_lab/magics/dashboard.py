@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 
+from neuron_lab.observability.explain import format_seconds
 from neuron_lab.magics.autotime import CellRecord, CellTimer, timer_for
 from neuron_lab.magics.display import (
     DeviceMemory,
@@ -33,14 +34,6 @@ __all__ = ["Dashboard", "stop_dashboards"]
 _LIVE: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
 
 _BOX_STYLE = "font-family:monospace;font-size:12px"
-
-
-def _seconds(value: float) -> str:
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms"
-    return f"{value * 1e6:.0f} µs"
 
 
 class Dashboard:
@@ -225,7 +218,7 @@ class Dashboard:
                 f"{r.execution_count if r.execution_count is not None else '?'}</text></g>"
             )
         width = len(self.chart_cells) * (bar_w + gap)
-        return (f"<div style='{_BOX_STYLE}'>{title}; longest {_seconds(longest)}<br>"
+        return (f"<div style='{_BOX_STYLE}'>{title}; longest {format_seconds(longest)}<br>"
                 f"<svg width='{width}' height='{height + label_h}' role='img'>{''.join(parts)}</svg></div>")
 
     # ---- display ---------------------------------------------------------------------------
@@ -240,7 +233,7 @@ class Dashboard:
         lines.append("graph cache: " + ", ".join(f"{k} {v}" for k, v in self._graph_cache_items()))
         if self.chart_cells:
             lines.append("last cells: " + "; ".join(
-                f"{r.label} {_seconds(float(getattr(r.explanation, 'wall_s', 0.0)))}"
+                f"{r.label} {format_seconds(float(getattr(r.explanation, 'wall_s', 0.0)))}"
                 + ("" if r.succeeded else " FAILED") for r in self.chart_cells))
         return "\n".join(lines)
 
