@@ -152,3 +152,23 @@ def test_profiler_and_counters_see_compiled_launches():
     launches = [l for l in prof.launches if l.name.startswith("compiled forward graph")]
     assert len(launches) == 3 and all(l.kind == "inline" and l.status == "done" for l in launches)
     assert any(r.name.startswith("compiled forward graph") for r in prof.table().launch_rows)
+
+
+def test_compiled_functions_run_while_the_background_compiler_traces():
+    """FX's 'symbolic tracing' flag is process-wide: a background compile of adaptive
+    eager must not make compiled functions on the user's thread refuse to run."""
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    from neuron_lab.adaptive_eager import compiler
+
+    f = torch.compile(lambda x: x * 2 + 1, backend="neuron")
+    x = torch.ones(3, device="neuron")
+    assert f(x).cpu().tolist() == [3.0, 3.0, 3.0]
+    previous = symbolic_trace._is_fx_tracing_flag
+    symbolic_trace._is_fx_tracing_flag = True  # as while the background compiler traces...
+    compiler._exclusive.compiling_thread = -1  # ...on another thread
+    try:
+        assert f(x).cpu().tolist() == [3.0, 3.0, 3.0]
+    finally:
+        compiler._exclusive.compiling_thread = None
+        symbolic_trace._is_fx_tracing_flag = previous

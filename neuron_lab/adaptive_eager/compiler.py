@@ -246,6 +246,7 @@ class _ExclusiveWithDynamo:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.compiling_thread: Optional[int] = None  # the background compiler, while it compiles
         self._dynamo_holds = False
         self._registered = False
 
@@ -276,6 +277,31 @@ class _ExclusiveWithDynamo:
 _exclusive = _ExclusiveWithDynamo()
 
 
+def _install_fx_tracing_check() -> None:
+    """FX marks "symbolic tracing in progress" in one process-wide flag, and every call
+    of a torch.compile'd function checks it: while the background compiler traces, a
+    compiled function called on the user's thread would refuse to run. The check
+    Dynamo uses is made to ignore the flag on other threads while the background
+    compiler is the one tracing. (Compiling in a subprocess would remove the need.)"""
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    original = symbolic_trace.is_fx_symbolic_tracing
+    if getattr(original, "_neuron_lab", False):
+        return
+
+    def is_fx_symbolic_tracing() -> bool:
+        tracer = _exclusive.compiling_thread
+        if tracer is not None and tracer != threading.get_ident():
+            return False  # the flag is the background compiler's
+        return original()
+
+    is_fx_symbolic_tracing._neuron_lab = True  # type: ignore[attr-defined]
+    symbolic_trace.is_fx_symbolic_tracing = is_fx_symbolic_tracing
+
+
+_install_fx_tracing_check()
+
+
 def _compile_forever() -> None:
     """The compiler thread: takes hot graphs from the runtime, one at a time."""
     while not _native.compiler_stopping():
@@ -287,7 +313,11 @@ def _compile_forever() -> None:
         try:
             _exclusive.register()
             with _exclusive.lock:
-                fn = _compile(storages, ops)
+                _exclusive.compiling_thread = threading.get_ident()
+                try:
+                    fn = _compile(storages, ops)
+                finally:
+                    _exclusive.compiling_thread = None
         except Exception as e:  # noqa: BLE001 - any failure means: keep replaying
             _native.install_compiled(graph_id, None, f"{type(e).__name__}: {e}"[:500], time.perf_counter() - start)
         else:
