@@ -128,8 +128,9 @@ class Explanation:
     def used_device(self) -> bool:
         """Whether the region launched, recorded, waited for or allocated anything on neuron."""
         own = [e for e in self.events if not (e.kind == "sync" and e.what in _BOOKKEEPING_SYNCS)]
+        # A region that only freed memory (e.g. IPython dropping an old output) did not use it.
         return bool(self.launches or self.ops_recorded or self.inline_ops or own
-                    or self.memory_delta_bytes or self.peak_bytes > self._start_allocated)
+                    or self.memory_delta_bytes > 0 or self.peak_bytes > self._start_allocated)
 
     def _of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
