@@ -15,6 +15,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+# The units of the per-cell line and of every neuron_lab report.
+from neuron_lab.observability.explain import format_bytes
+
 __all__ = [
     "format_bytes",
     "parse_device",
@@ -35,13 +38,6 @@ _TABLE = 'style="border-collapse:collapse;font-family:monospace;font-size:12px"'
 _CELL = 'style="padding:2px 8px;text-align:right"'
 _HEAD = 'style="padding:2px 8px;text-align:right;border-bottom:1px solid #888"'
 _LEFT = 'style="padding:2px 8px;text-align:left"'
-
-
-def format_bytes(n: float) -> str:
-    """``1536 -> '1.5 KiB'``: the units of the per-cell line and of every neuron_lab report."""
-    from neuron_lab.observability.explain import format_bytes as observability_format
-
-    return observability_format(n)
 
 
 def parse_device(text: Optional[str]) -> Optional[int]:
