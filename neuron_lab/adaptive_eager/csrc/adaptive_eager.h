@@ -21,6 +21,19 @@
 
 namespace neuron::lazy {
 
+// The value of a Python number wrapped as a 0-dim CPU tensor (the 3 of x * 3),
+// read from its memory: no op is dispatched, so nothing active on the calling
+// thread (a TorchDispatchMode, a FakeTensorMode, autocast) sees the read.
+inline c10::Scalar wrapped_number_value(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kDouble: return *t.const_data_ptr<double>();
+    case at::kLong: return *t.const_data_ptr<int64_t>();
+    case at::kBool: return *t.const_data_ptr<bool>();
+    case at::kComplexDouble: return *t.const_data_ptr<c10::complex<double>>();
+    default: return t.item();
+  }
+}
+
 // blocking: ops run one at a time on the caller's thread (for debugging).
 // eager:    one asynchronous launch per op.
 // adaptive: ops are buffered and launched as fused graphs (the default).

@@ -269,7 +269,7 @@ class KeyBuilder {
 
  private:
   static int64_t scalar_bits(const at::Tensor& t) {
-    const auto s = t.item();
+    const auto s = wrapped_number_value(t);
     if (s.isFloatingPoint()) {
       double d = s.toDouble();
       int64_t bits;
@@ -291,7 +291,7 @@ std::string shapes_of(const Record& r) {
     if (!first) out << ", ";
     first = false;
     if (a.isTensor() && a.toTensor().defined() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-      out << c10::IValue(a.toTensor().item());  // a Python number, e.g. the 3 of x * 3
+      out << c10::IValue(wrapped_number_value(a.toTensor()));  // a Python number, e.g. the 3 of x * 3
     } else if (a.isTensor() && a.toTensor().defined()) {
       const auto& t = a.toTensor();
       out << t.scalar_type() << t.sizes();

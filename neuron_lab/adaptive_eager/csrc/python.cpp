@@ -68,7 +68,7 @@ ArgDesc describe_tensor(const at::Tensor& t, const std::unordered_map<const c10:
   }
   TORCH_CHECK(t.unsafeGetTensorImpl()->is_wrapped_number(), "a host tensor argument");
   d.kind = ArgDesc::Scalar;
-  const auto s = t.item();
+  const auto s = wrapped_number_value(t);
   if (s.isFloatingPoint()) {
     d.value = s.toDouble();
   } else if (s.isBoolean()) {
