@@ -172,3 +172,49 @@ def test_compiled_functions_run_while_the_background_compiler_traces():
     finally:
         compiler._exclusive.compiling_thread = None
         symbolic_trace._is_fx_tracing_flag = previous
+
+
+def test_compiled_results_take_device_memory_without_copies():
+    """Inductor's results are allocated in device memory and adopted, not copied;
+    a result that views an input stays a view of the neuron input."""
+    from neuron_lab.device import _C
+
+    def f(x, w):
+        return (x @ w).relu(), w.t()
+
+    compiled = torch.compile(f, backend="neuron")
+    x, w = torch.randn(16, 32), torch.randn(32, 8)
+    xd, wd = x.to("neuron"), w.to("neuron")
+    compiled(xd, wd)  # compiles
+    torch.neuron.synchronize()
+    copies = _C.counters()["output_copies"]
+    before = torch.neuron.memory_allocated()
+    out, wt = compiled(xd, wd)
+    torch.neuron.synchronize()
+    assert _C.counters()["output_copies"] == copies
+    assert out.device.type == "neuron" and wt.device.type == "neuron"
+    torch.testing.assert_close(out.cpu(), (x @ w).relu())
+    # The result's memory is accounted on the device (512-byte blocks), the view takes none.
+    assert torch.neuron.memory_allocated() - before == 16 * 8 * 4
+    assert wt.untyped_storage().data_ptr() == wd.untyped_storage().data_ptr()
+    torch.testing.assert_close(wt.cpu(), w.t())
+    # CPU allocations after the launch are plain host memory again.
+    host = torch.ones(1 << 16)
+    torch.neuron.synchronize()
+    assert torch.neuron.memory_allocated() - before == 16 * 8 * 4
+    del out
+    assert torch.neuron.memory_allocated() == before
+    assert host.sum().item() == 1 << 16
+
+
+def test_compiled_cnn_uses_onednn_scratch_memory_from_the_device():
+    """oneDNN allocates scratch through the CPU allocator's raw interface: inside a
+    compiled launch that memory comes from the device and goes back to it."""
+    conv = nn.Conv2d(3, 16, 3).to("neuron")
+    compiled = torch.compile(conv, backend="neuron")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            out = compiled(x.to("neuron"))
+        ref = conv.cpu()(x)
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)

@@ -173,10 +173,13 @@ def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence
     def launch(*args: Any) -> Any:
         tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
         _kernels.prepare_host_access(tensors, [], name)
-        with _kernels.InlineLaunch(device, name):
+        # Inductor's code allocates its results with the CPU allocator: inside the launch
+        # those allocations take device memory, and adopt() keeps them without copies.
+        with _kernels.InlineLaunch(device, name, device_memory=True):
             host_args = [_kernels.host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]
+            host_inputs = [h for a, h in zip(args, host_args) if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
             outputs = compiled(*host_args)
-            results = [_kernels.to_device(o, device) if isinstance(o, torch.Tensor) else o for o in outputs]
+            results = _kernels.adopt(outputs, device, host_inputs, tensors)
         record["launches"] += 1
         return type(outputs)(results) if isinstance(outputs, tuple) else results
 

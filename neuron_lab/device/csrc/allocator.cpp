@@ -9,6 +9,7 @@
 // torch.neuron.memory_stats() read them unchanged.
 #include "runtime.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace neuron {
@@ -104,6 +106,12 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     Block* block = acquire(device, nbytes);
     return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context,
                         c10::Device(kNeuron, device));
+  }
+
+  // Device memory of a given core, whatever the thread's current device.
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
+    Block* block = acquire(device, nbytes);
+    return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, device));
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -308,9 +316,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
   }
 
+ public:
   static void release_context(void* context);
 
- public:
   MemorySnapshot snapshot() {
     MemorySnapshot snap;
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
@@ -348,7 +356,103 @@ NeuronAllocator* g_allocator = new NeuronAllocator();
 
 void NeuronAllocator::release_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
 
+// ---- host allocations that take device memory ----------------------------------------
+//
+// A kernel that runs on the host (a torch.compile graph, a custom kernel) allocates
+// its results with the CPU allocator. While a HostAllocationsOnDevice guard is
+// active on a thread, those allocations take memory of a NeuronCore instead, so
+// the results become neuron tensors without a copy (adopt_host_storage). The CPU
+// allocator is wrapped once, on first use; other threads, and this thread outside
+// the guard, allocate exactly as before.
+thread_local c10::DeviceIndex tl_host_allocations_device = -1;
+
+// Device blocks handed out as CPU memory, by address: a CPU DataPtr's context must
+// be its address (Allocator::raw_allocate asserts it; oneDNN uses it for scratch).
+std::mutex g_host_blocks_mutex;
+std::unordered_map<void*, Block*>& host_blocks() {
+  static auto* blocks = new std::unordered_map<void*, Block*>();
+  return *blocks;
+}
+c10::DeleterFnPtr g_host_raw_deleter = nullptr;
+
+Block* take_host_block(void* ptr) {
+  std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
+  auto it = host_blocks().find(ptr);
+  if (it == host_blocks().end()) return nullptr;
+  Block* block = it->second;
+  host_blocks().erase(it);
+  return block;
+}
+
+// Frees CPU memory of either kind: a device block lent to the host, or the host
+// allocator's own (raw_deallocate passes both here).
+void free_device_or_host(void* ptr) {
+  if (Block* block = take_host_block(ptr)) {
+    NeuronAllocator::release_context(block);
+  } else if (g_host_raw_deleter != nullptr) {
+    g_host_raw_deleter(ptr);
+  }
+}
+
+class HostOrDeviceAllocator final : public c10::Allocator {
+ public:
+  explicit HostOrDeviceAllocator(c10::Allocator* host) : host_(host) {}
+
+  c10::DataPtr allocate(size_t nbytes) override {
+    const c10::DeviceIndex device = tl_host_allocations_device;
+    if (device < 0 || nbytes == 0) return host_->allocate(nbytes);
+    auto data = g_allocator->allocate_on(device, nbytes);
+    auto* block = static_cast<Block*>(data.release_context());
+    {
+      std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
+      host_blocks().emplace(block->ptr, block);
+    }
+    return c10::DataPtr(block->ptr, block->ptr, &free_device_or_host, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return g_host_raw_deleter != nullptr ? &free_device_or_host : nullptr;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { host_->copy_data(dest, src, count); }
+
+ private:
+  c10::Allocator* host_;
+};
+
+void install_host_or_device_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Leaked on purpose, like the device allocator: CPU tensors may outlive everything.
+    c10::Allocator* host = c10::GetCPUAllocator();
+    g_host_raw_deleter = host->raw_deleter();
+    static auto* wrapper = new HostOrDeviceAllocator(host);
+    c10::SetAllocator(c10::DeviceType::CPU, wrapper, /*priority=*/UINT8_MAX);
+  });
+}
+
 }  // namespace
+
+HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device) : previous_(tl_host_allocations_device) {
+  if (device >= 0) {
+    check_device_index(device);
+    install_host_or_device_allocator();
+  }
+  tl_host_allocations_device = device;
+}
+
+HostAllocationsOnDevice::~HostAllocationsOnDevice() { tl_host_allocations_device = previous_; }
+
+c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
+  auto* impl = host_storage.unsafeGetStorageImpl();
+  if (impl == nullptr || impl->data_ptr().get_deleter() != &free_device_or_host) return {};
+  Block* block = take_host_block(impl->data_ptr().get());
+  if (block == nullptr) return {};  // host memory freed through the raw deleter
+  const size_t nbytes = impl->nbytes();
+  impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();  // now the block's owner
+  impl->set_nbytes(0);  // the CPU storage keeps no view of memory it no longer owns
+  c10::DataPtr data(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, block->device));
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(data), g_allocator, /*resizable=*/true));
+}
 
 void set_stack_capturer(StackCapturer capturer) { g_capturer = capturer; }
 

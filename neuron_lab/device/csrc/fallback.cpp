@@ -80,6 +80,35 @@ at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
   return out;
 }
 
+void HostResults::add_input(const at::Tensor& host_alias, const at::Tensor& input) {
+  if (host_alias.defined() && host_alias.has_storage()) inputs_.emplace(host_alias.storage().unsafeGetStorageImpl(), input);
+}
+
+at::Tensor HostResults::adopt(const at::Tensor& cpu_tensor) {
+  if (!cpu_tensor.defined() || cpu_tensor.device().type() != c10::kCPU || !cpu_tensor.has_storage() ||
+      cpu_tensor.is_conj() || cpu_tensor.is_neg()) {
+    return to_device(cpu_tensor, device_);
+  }
+  const auto* key = cpu_tensor.storage().unsafeGetStorageImpl();
+  if (auto input = inputs_.find(key); input != inputs_.end()) {
+    // A view of an input: a view of the neuron input (sharing its version counter).
+    at::NoGradGuard no_grad;
+    return input->second.as_strided(cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
+  }
+  auto it = adopted_.find(key);
+  if (it == adopted_.end()) {
+    c10::Storage storage = adopt_host_storage(cpu_tensor.storage());
+    if (!storage || storage.device().index() != device_) return to_device(cpu_tensor, device_);
+    it = adopted_.emplace(key, std::move(storage)).first;
+  }
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
+                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                      cpu_tensor.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(cpu_tensor.sizes(), cpu_tensor.strides(),
+                                                   cpu_tensor.storage_offset());
+  return out;
+}
+
 namespace {
 
 struct Aliased {

@@ -7,6 +7,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -17,20 +18,29 @@ namespace neuron {
 namespace {
 
 // `with InlineLaunch(device, name):` counts the block as one launch of the
-// current stream (the caller prepared its tensors first).
+// current stream (the caller prepared its tensors first). With
+// device_memory=True, CPU tensors the block allocates take device memory, so
+// that adopt() turns its results into neuron tensors without copies.
 class InlineLaunch {
  public:
-  InlineLaunch(int device, std::string name) : device_(static_cast<c10::DeviceIndex>(device)), name_(std::move(name)) {}
+  InlineLaunch(int device, std::string name, bool device_memory)
+      : device_(static_cast<c10::DeviceIndex>(device)), name_(std::move(name)), device_memory_(device_memory) {}
   void enter() {
     TORCH_CHECK(!scope_, "neuron: this InlineLaunch is already active");
     scope_ = std::make_unique<LaunchScope>(device_, name_.c_str(), /*synced=*/true);
+    if (device_memory_) allocations_ = std::make_unique<HostAllocationsOnDevice>(device_);
   }
-  void exit() { scope_.reset(); }
+  void exit() {
+    allocations_.reset();
+    scope_.reset();
+  }
 
  private:
   c10::DeviceIndex device_;
   std::string name_;  // outlives the scope, which keeps a pointer to it
+  bool device_memory_;
   std::unique_ptr<LaunchScope> scope_;
+  std::unique_ptr<HostAllocationsOnDevice> allocations_;
 };
 
 }  // namespace
@@ -66,9 +76,32 @@ void register_kernel_bindings(py::module& m) {
       },
       py::arg("tensor"), py::arg("device"),
       "A new neuron tensor (with device memory) holding a copy of a CPU kernel's result.");
+  m.def(
+      "adopt",
+      [](const py::sequence& values, int device, const std::vector<at::Tensor>& host_inputs,
+         const std::vector<at::Tensor>& inputs) {
+        TORCH_CHECK(host_inputs.size() == inputs.size(), "adopt: host_inputs and inputs differ in length");
+        HostResults results(static_cast<c10::DeviceIndex>(device));
+        for (size_t i = 0; i < inputs.size(); ++i) results.add_input(host_inputs[i], inputs[i]);
+        py::list out;
+        for (const auto& v : values) {
+          if (THPVariable_Check(v.ptr())) {
+            out.append(results.adopt(THPVariable_Unpack(v.ptr())));
+          } else {
+            out.append(v);
+          }
+        }
+        return out;
+      },
+      py::arg("values"), py::arg("device"), py::arg("host_inputs") = std::vector<at::Tensor>(),
+      py::arg("inputs") = std::vector<at::Tensor>(),
+      "A host kernel's results as neuron tensors, without copies where possible: CPU tensors "
+      "allocated inside InlineLaunch(..., device_memory=True) keep their memory, views of "
+      "host_inputs[i] become views of inputs[i]; other tensors are copied and other values pass.");
   py::class_<InlineLaunch>(m, "InlineLaunch",
-                           "with InlineLaunch(device, name): the block is one launch of the current stream.")
-      .def(py::init<int, std::string>(), py::arg("device"), py::arg("name"))
+                           "with InlineLaunch(device, name, device_memory=False): the block is one launch of "
+                           "the current stream; with device_memory=True its CPU allocations take device memory.")
+      .def(py::init<int, std::string, bool>(), py::arg("device"), py::arg("name"), py::arg("device_memory") = false)
       .def("__enter__", [](InlineLaunch& l) { l.enter(); return &l; }, py::return_value_policy::reference)
       .def("__exit__", [](InlineLaunch& l, py::object, py::object, py::object) {
         l.exit();

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <unordered_map>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -205,6 +206,41 @@ at::Tensor host_view(const at::Tensor& t);
 at::Tensor host_alias_sharing(const at::Tensor& neuron_tensor, c10::Storage host_storage);
 // A new neuron tensor on `device` holding a copy of a CPU tensor.
 at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device);
+
+// ---- host kernels that allocate device memory (allocator.cpp) -----------------
+// While alive, CPU tensors allocated on this thread take memory of NeuronCore
+// `device` (a host kernel's results), so that they can be adopted without a copy;
+// device -1 turns that off for the scope.
+class HostAllocationsOnDevice {
+ public:
+  explicit HostAllocationsOnDevice(c10::DeviceIndex device);
+  ~HostAllocationsOnDevice();
+  HostAllocationsOnDevice(const HostAllocationsOnDevice&) = delete;
+  HostAllocationsOnDevice& operator=(const HostAllocationsOnDevice&) = delete;
+
+ private:
+  c10::DeviceIndex previous_;
+};
+// Moves the memory of a CPU storage allocated under HostAllocationsOnDevice into a
+// new neuron storage (the CPU storage is left empty); an undefined Storage when the
+// memory came from anywhere else.
+c10::Storage adopt_host_storage(const c10::Storage& host_storage);
+// Turns a host kernel's results into neuron tensors without copies where it can:
+// a result over device memory (allocated under HostAllocationsOnDevice) keeps it,
+// views of one result stay views of one neuron storage, and a result that views an
+// input's host alias becomes a view of that neuron input. Anything else is copied.
+class HostResults {
+ public:
+  explicit HostResults(c10::DeviceIndex device) : device_(device) {}
+  // `host_alias` (a CPU tensor) aliases the neuron tensor `input`.
+  void add_input(const at::Tensor& host_alias, const at::Tensor& input);
+  at::Tensor adopt(const at::Tensor& cpu_tensor);
+
+ private:
+  c10::DeviceIndex device_;
+  std::unordered_map<const c10::StorageImpl*, at::Tensor> inputs_;
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;
+};
 
 // Counters the observability layer reads (fallback.cpp).
 struct OpCounters {
