@@ -122,3 +122,30 @@ def test_generic_torch_event_and_stream_work_on_neuron() -> None:
     e2.record(s)
     assert e.elapsed_time(e2) >= 0.0
     assert s.query()
+
+
+def test_a_waiting_thread_runs_launches_with_device_thread_state():
+    """A host thread that waits may execute the launches itself; its own autocast,
+    grad mode and dispatch modes must not leak into them."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    a = torch.randn(64, 64)
+    b = torch.randn(64, 64)
+    ad, bd = a.to("neuron"), b.to("neuron")
+    for _ in range(3):
+        y = (ad @ bd).relu() + 1  # recorded, not yet executed
+        seen = Seen()
+        with torch.autocast("neuron", dtype=torch.bfloat16), torch.no_grad(), seen:
+            torch.neuron.synchronize()  # executes the buffered launch (on this thread, when idle)
+        assert y.dtype == torch.float32
+        assert torch.equal(y.cpu(), (a @ b).relu() + 1)
+        assert not any("mm" in op for op in seen.ops), seen.ops

@@ -9,6 +9,7 @@ namespace neuron::lazy {
 void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
 }
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 #include <Python.h>
 #include <c10/util/Exception.h>
@@ -48,6 +49,9 @@ struct StreamState {
   std::atomic<uint64_t> completed{0};
   std::atomic<int64_t> queued_ops{0};
   bool thread_started = false;
+  // A launch is executing: on the device thread, or on a waiting host thread
+  // that runs the queue's front itself (wait_for). One at a time keeps stream order.
+  bool running = false;
   // The first error since the last wait that reported one; later compute
   // launches are skipped until it is reported.
   std::exception_ptr error;
@@ -132,6 +136,65 @@ void run_work(Work& work) {
   at::set_record_function_tls_(saved);
 }
 
+// Executes one launch popped from the stream's queue (s->running is set), then
+// counts it as done: on the stream's device thread, or on a host thread that
+// was about to wait for it anyway.
+void execute(StreamState* s, Work& work, bool skip) {
+  std::exception_ptr failure;
+  const int64_t start = trace::now_ns();
+  if (work.record) work.record->start_ns.store(start);
+  if (skip && work.on_skip) {
+    try {
+      work.on_skip();
+    } catch (abi::__forced_unwind&) {
+      throw;
+    } catch (...) {
+    }
+  }
+  if (!skip) {
+    try {
+      run_work(work);
+    } catch (abi::__forced_unwind&) {
+      throw;  // the thread is being cancelled (e.g. Python finalizing): let it end
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  const int64_t end = trace::now_ns();
+  if (!skip && work.busy) {
+    trace::add_device_busy(s->device, end - start);
+    trace::note_launch_time(work.kind, end - start);
+  }
+  if (work.record) {
+    work.record->end_ns.store(end);
+    work.record->status.store(skip ? 3 : failure != nullptr ? 2 : 1);
+  }
+  // Drop the launch (and the tensors it holds) before it counts as done, so
+  // that memory statistics read after a wait include its frees.
+  const int64_t ops = work.ops;
+  work = Work();
+  s->queued_ops.fetch_sub(ops);
+  bool more = false;
+  {
+    std::lock_guard<std::mutex> lock(s->mutex);
+    if (failure != nullptr && s->error == nullptr) s->error = failure;
+    s->completed.fetch_add(1, std::memory_order_release);
+    s->running = false;
+    more = !s->queue.empty();
+  }
+  s->work_done.notify_all();
+  if (more) s->work_ready.notify_one();  // the device thread waits while another thread executes
+}
+
+// Pops the queue's front for execution; called with s->mutex held.
+Work pop_front(StreamState* s, bool* skip) {
+  Work work = std::move(s->queue.front());
+  s->queue.pop_front();
+  *skip = work.skippable && s->error != nullptr;
+  s->running = true;
+  return work;
+}
+
 void device_thread_main(StreamState* s) {
   tl_on_device_thread = true;
   for (;;) {
@@ -139,53 +202,43 @@ void device_thread_main(StreamState* s) {
     bool skip = false;
     {
       std::unique_lock<std::mutex> lock(s->mutex);
-      s->work_ready.wait(lock, [&] { return !s->queue.empty(); });
-      work = std::move(s->queue.front());
-      s->queue.pop_front();
-      skip = work.skippable && s->error != nullptr;
+      s->work_ready.wait(lock, [&] { return !s->queue.empty() && !s->running; });
+      work = pop_front(s, &skip);
     }
-    std::exception_ptr failure;
-    const int64_t start = trace::now_ns();
-    if (work.record) work.record->start_ns.store(start);
-    if (skip && work.on_skip) {
-      try {
-        work.on_skip();
-      } catch (abi::__forced_unwind&) {
-        throw;
-      } catch (...) {
-      }
-    }
-    if (!skip) {
-      try {
-        run_work(work);
-      } catch (abi::__forced_unwind&) {
-        throw;  // the thread is being cancelled (e.g. Python finalizing): let it end
-      } catch (...) {
-        failure = std::current_exception();
-      }
-    }
-    const int64_t end = trace::now_ns();
-    if (!skip && work.busy) {
-      trace::add_device_busy(s->device, end - start);
-      trace::note_launch_time(work.kind, end - start);
-    }
-    if (work.record) {
-      work.record->end_ns.store(end);
-      work.record->status.store(skip ? 3 : failure != nullptr ? 2 : 1);
-    }
-    // Drop the launch (and the tensors it holds) before it counts as done, so
-    // that memory statistics read after a wait include its frees.
-    const int64_t ops = work.ops;
-    work = Work();
-    s->queued_ops.fetch_sub(ops);
-    {
-      std::lock_guard<std::mutex> lock(s->mutex);
-      if (failure != nullptr && s->error == nullptr) s->error = failure;
-      s->completed.fetch_add(1, std::memory_order_release);
-    }
-    s->work_done.notify_all();
+    execute(s, work, skip);
   }
 }
+
+// The thread-local state of a fresh thread (no autocast, grad mode on, no
+// Python modes): what launches see on a device thread.
+const at::ThreadLocalState& device_thread_state() {
+  static const at::ThreadLocalState* state = [] {
+    const at::ThreadLocalState* captured = nullptr;
+    std::thread([&] { captured = new at::ThreadLocalState(); }).join();
+    return captured;
+  }();
+  return *state;
+}
+
+// While a host thread executes a launch for a stream it waits on, it looks like
+// a device thread: the state of a fresh thread, the default streams, no
+// recording, and its own allocations outside any host kernel's device memory.
+class ActAsDeviceThread {
+ public:
+  ActAsDeviceThread() : tls_(device_thread_state()), streams_(tl_stream), host_allocations_(-1) {
+    tl_stream.fill(0);
+    tl_on_device_thread = true;
+  }
+  ~ActAsDeviceThread() {
+    tl_on_device_thread = false;
+    tl_stream = streams_;
+  }
+
+ private:
+  at::ThreadLocalStateGuard tls_;
+  std::array<c10::StreamId, kMaxCores> streams_;
+  HostAllocationsOnDevice host_allocations_;
+};
 
 void on_fork_child() {
   if (g_threads_started.load()) g_bad_fork = true;
@@ -307,7 +360,23 @@ void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
-    s.work_done.wait(lock, [&] { return s.completed.load(std::memory_order_acquire) >= seq; });
+    while (s.completed.load(std::memory_order_acquire) < seq) {
+      // Rather than wake the device thread and sleep until it is done, a host
+      // thread runs the launches it waits for itself when nothing is executing:
+      // two thread hand-offs fewer per wait, and the data stays in this core's cache.
+      if (!tl_on_device_thread && !s.running && !s.queue.empty()) {
+        bool skip = false;
+        Work work = pop_front(&s, &skip);
+        lock.unlock();
+        {
+          ActAsDeviceThread as_device;
+          execute(&s, work, skip);
+        }
+        lock.lock();
+        continue;
+      }
+      s.work_done.wait(lock);
+    }
   }
   std::exception_ptr error;
   {
