@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -149,3 +151,29 @@ def test_a_waiting_thread_runs_launches_with_device_thread_state():
         assert y.dtype == torch.float32
         assert torch.equal(y.cpu(), (a @ b).relu() + 1)
         assert not any("mm" in op for op in seen.ops), seen.ops
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="OpenMP's default team is one thread on one core")
+def test_device_threads_use_the_thread_count_set_by_torch_set_num_threads():
+    """With torch.set_num_threads(1), a launch executed by a device thread starts no
+    OpenMP workers (their default team would compete with the host for the cores)."""
+    from conftest import run_python
+
+    result = run_python(
+        """
+        import os, time, torch, neuron_lab
+        torch.set_num_threads(1)
+        neuron_lab.set_mode("eager")
+        x = torch.randn(1 << 22, device="neuron")
+        torch.neuron.synchronize()
+        threads = len(os.listdir("/proc/self/task"))
+        for _ in range(3):
+            y = x.sin()          # big enough for ATen to parallelize it
+            time.sleep(0.3)      # the device thread (not a waiting host) executes it
+            torch.neuron.synchronize()
+        print(len(os.listdir("/proc/self/task")) - threads)
+        """,
+        env={"NEURON_LAB_COMPILE": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0", result.stdout

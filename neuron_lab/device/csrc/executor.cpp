@@ -9,6 +9,7 @@ namespace neuron::lazy {
 void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
 }
 
+#include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/record_function.h>
 #include <Python.h>
@@ -141,6 +142,12 @@ void run_work(Work& work) {
 // was about to wait for it anyway.
 void execute(StreamState* s, Work& work, bool skip) {
   std::exception_ptr failure;
+  // Kernels use as many threads as the code that launched them asked for
+  // (torch.set_num_threads): a device thread would otherwise run OpenMP's default
+  // team, whose spinning workers compete with the host for the same cores.
+  if (work.intra_op_threads > 0 && at::get_num_threads() != work.intra_op_threads) {
+    at::set_num_threads(work.intra_op_threads);
+  }
   const int64_t start = trace::now_ns();
   if (work.record) work.record->start_ns.store(start);
   if (skip && work.on_skip) {
@@ -318,6 +325,7 @@ c10::Stream exchange_stream(c10::Stream stream) {
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
+  if (work.intra_op_threads == 0) work.intra_op_threads = at::get_num_threads();
   if (!work.name.empty() && torch_profiler_active()) {
     work.torch_profiler =
         std::make_shared<TorchProfilerContext>(TorchProfilerContext{c10::ThreadLocalDebugInfo::current(),

@@ -74,6 +74,7 @@ struct Work {
   trace::LaunchRecordPtr record;  // set while neuron_lab's profiler runs
   std::string name;               // for torch.profiler: set while it runs (torch_profiler_active())
   std::shared_ptr<struct TorchProfilerContext> torch_profiler;  // captured by enqueue
+  int intra_op_threads = 0;  // the enqueuing thread's torch.get_num_threads(): kernels use as many
 };
 // True while torch.profiler records on the calling thread: launches then show up
 // in its trace as user-annotated ranges on the device threads.
