@@ -122,22 +122,34 @@ def make_mlp(device: str) -> tuple:
 
 
 def bench_mlp(repeats: int) -> dict:
-    cpu_step = make_mlp("cpu")
+    """Steady state (graphs cached, background compiles finished), CPU eager and adaptive
+    interleaved block by block so that drift on a noisy machine hits both alike; launches
+    per step counted separately in eager and adaptive mode."""
     results = {}
-    for _ in range(3):
-        cpu_step()
-    results["cpu_eager"] = median_time(lambda: cpu_step().item(), repeats, inner=10)
     for mode in ("eager", "adaptive"):
         neuron_lab.set_mode(mode)
         step = make_mlp("neuron")
         for _ in range(5):
             step().item()
         ae.reset_counters()
-        results[mode] = median_time(lambda: step().item(), repeats, inner=10)
+        for _ in range(10):
+            step().item()
         sync()
-        c = ae.counters()
-        results[f"{mode}_launches_per_step"] = c["launches"] / (repeats * 10)
+        results[f"{mode}_launches_per_step"] = ae.counters()["launches"] / 10
     neuron_lab.set_mode("adaptive")
+    steps = {"cpu_eager": make_mlp("cpu"), "adaptive": make_mlp("neuron")}
+    for step in steps.values():
+        for _ in range(ae.policy()["compile_after"] + 5):
+            step().item()
+    ae.wait_for_compiles(300)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for _ in range(10):
+                step().item()
+            times[name].append((time.perf_counter() - start) / 10)
+    results.update({name: statistics.median(t) for name, t in times.items()})
     return results
 
 
