@@ -425,7 +425,9 @@ void install_host_or_device_allocator() {
     c10::Allocator* host = c10::GetCPUAllocator();
     g_host_raw_deleter = host->raw_deleter();
     static auto* wrapper = new HostOrDeviceAllocator(host);
-    c10::SetAllocator(c10::DeviceType::CPU, wrapper, /*priority=*/UINT8_MAX);
+    // The default priority: a CPU allocator installed later still takes over (host
+    // kernels' results are then copied into device memory instead of adopted).
+    c10::SetAllocator(c10::DeviceType::CPU, wrapper, /*priority=*/0);
   });
 }
 
