@@ -177,7 +177,8 @@ def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence
         # those allocations take device memory, and adopt() keeps them without copies.
         with _kernels.InlineLaunch(device, name, device_memory=True):
             host_args = [_kernels.host_alias(a) if isinstance(a, torch.Tensor) else a for a in args]
-            host_inputs = [h for a, h in zip(args, host_args) if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
+            host_inputs = [h for a, h in zip(args, host_args)
+                           if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
             outputs = compiled(*host_args)
             results = _kernels.adopt(outputs, device, host_inputs, tensors)
         record["launches"] += 1

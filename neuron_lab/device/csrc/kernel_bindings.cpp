@@ -1,7 +1,8 @@
 // The Python module neuron_lab.device._C.kernels: what a kernel written in Python
 // needs to run as one inline launch over device memory (neuron_lab.kernels and the
 // torch.compile backend): wait for the launches using its tensors, CPU aliases of
-// device memory (no copies), and a launch scope that the profiler and counters see.
+// device memory (no copies), a launch scope that the profiler and counters see, and
+// results adopted into device memory without copies.
 #include "runtime.h"
 #include "../../adaptive_eager/csrc/adaptive_eager.h"
 
@@ -69,13 +70,6 @@ void register_kernel_bindings(py::module& m) {
         for (const auto& t : tensors) lazy::note_written(t);
       },
       py::arg("tensors"), "Marks tensors as computed after a host kernel wrote them.");
-  m.def(
-      "to_device",
-      [](const at::Tensor& cpu_tensor, int device) {
-        return to_device(cpu_tensor, static_cast<c10::DeviceIndex>(device));
-      },
-      py::arg("tensor"), py::arg("device"),
-      "A new neuron tensor (with device memory) holding a copy of a CPU kernel's result.");
   m.def(
       "adopt",
       [](const py::sequence& values, int device, const std::vector<at::Tensor>& host_inputs,
