@@ -103,9 +103,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = current_device();
     if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
-    Block* block = acquire(device, nbytes);
-    return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context,
-                        c10::Device(kNeuron, device));
+    return allocate_on(device, nbytes);
   }
 
   // Device memory of a given core, whatever the thread's current device.
