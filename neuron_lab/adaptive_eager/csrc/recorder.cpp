@@ -8,6 +8,9 @@
 //     read such as item(), an op whose output shape depends on data), a copy to
 //     the host, synchronize, an event, memory statistics;
 //   - another thread records on the stream, or the thread switches streams;
+//   - an autograd backward pass starts or ends on the recording thread (so a
+//     training step's forward, backward and optimizer ops become separate,
+//     stable graphs, wherever the engine runs backward);
 //   - it holds policy().max_ops ops;
 //   - the device is idle, the buffer holds at least policy().idle_flush_bytes
 //     of results, and no cached graph starts like it (the first time a region
@@ -20,6 +23,7 @@
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/PyObjectSlot.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <Python.h>
 
@@ -364,6 +368,7 @@ struct Buffer {
   std::mutex mutex;
   std::vector<Record> records;
   std::thread::id owner;
+  int graph_task = -1;  // the autograd backward pass the records were made in (-1: none)
   int64_t bytes = 0;
   bool first_checked = false;
   bool first_known = false;  // a cached graph starts with the first record
@@ -604,8 +609,14 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto& b = buffer_of(s);
   auto lock = lock_buffer(b);
   const auto me = std::this_thread::get_id();
-  if (!b.records.empty() && b.owner != me) flush_locked(b, s, "thread switch");
+  const int graph_task = torch::autograd::get_current_graph_task_id();
+  if (!b.records.empty() && b.owner != me) {
+    flush_locked(b, s, "thread switch");
+  } else if (!b.records.empty() && b.graph_task != graph_task) {
+    flush_locked(b, s, graph_task == -1 ? "backward end" : "backward start");
+  }
   b.owner = me;
+  b.graph_task = graph_task;
   b.bytes += r.written_bytes;
   r.record_ns = trace::now_ns() - timer.start;
   b.records.push_back(std::move(r));
