@@ -501,6 +501,42 @@ def test_steady_state_training_hits_the_cache() -> None:
     torch.testing.assert_close(losses, cpu_losses, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backward_thread", ["calling thread", "autograd device thread"])
+def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
+    """A backward pass starts and ends a graph whether autograd runs it on the calling thread
+    (neuron_lab's default) or on its device thread. The loop reads no loss until the end, so
+    only these boundaries split it: each step is its backward graph and one graph of its
+    optimizer step fused with the next forward, and every step reuses the same graphs."""
+    neuron_lab.configure(compile_after=10**6)  # restored by the fixture
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(64, 16, device="neuron"), torch.randn(64, 1, device="neuron")
+    device_thread = backward_thread == "autograd device thread"
+    backward_threads = set()
+    model[0].weight.register_hook(lambda grad: backward_threads.add(threading.get_ident()))
+
+    def step() -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        with torch.autograd.set_multithreading_enabled(device_thread):
+            loss.backward()
+        opt.step()
+        return loss.detach()
+
+    torch.neuron.synchronize()  # x and y's random ops would fuse into the first forward
+    torch.stack([step() for _ in range(10)]).tolist()  # warm-up: the same loop
+    ae.reset_counters()
+    losses = torch.stack([step() for _ in range(10)]).tolist()
+    counters = settled_counters()
+
+    assert (threading.get_ident() in backward_threads) != device_thread
+    assert counters["graphs_built"] == 0 and counters["cache_hits"] == counters["graph_launches"]
+    assert counters["graph_launches"] == 2 * 10 + 1  # + the last optimizer step, flushed alone
+    boundary = {"thread switch"} if device_thread else {"backward start", "backward end"}
+    assert boundary <= set(counters["flushes"]) <= boundary | {"synchronize", "inline op"}, counters["flushes"]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+
+
 def test_graphs_describe_their_source() -> None:
     ae.clear_graph_cache()
     x = torch.randn(32, device="neuron")

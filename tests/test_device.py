@@ -118,6 +118,22 @@ def test_import_torch_alone_autoloads_the_device() -> None:
     assert result.stdout.split() == ["neuron:0", "True"]
 
 
+@pytest.mark.parametrize("first", ["import torch", "import neuron_lab", "import neuron_lab.device",
+                                   "from neuron_lab.device import autograd_threads"])
+def test_any_first_import_loads_the_device_cleanly(first: str) -> None:
+    result = run_python(
+        f"""
+        {first}
+        import torch
+        from neuron_lab.device import is_backward_on_calling_thread
+        print(torch.randn(2, device="neuron").device, is_backward_on_calling_thread())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert "not loaded" not in result.stderr and "Warning" not in result.stderr, result.stderr
+    assert result.stdout.split() == ["neuron:0", "True"]
+
+
 def test_autoload_can_be_turned_off() -> None:
     result = run_python(
         "import torch; print(torch._C._get_privateuse1_backend_name())",

@@ -95,3 +95,34 @@ def test_synchronize_and_events_while_another_thread_computes() -> None:
     finally:
         stop.set()
         worker.join(timeout=60)
+
+
+def backward_thread(x: torch.Tensor) -> int:
+    """The thread that ran the backward node of ``x * 2``."""
+    seen = []
+    y = x * 2
+    y.register_hook(lambda grad: seen.append(threading.get_ident()))
+    y.sum().backward()
+    assert torch.equal(x.grad.cpu(), torch.full((4,), 2.0))
+    return seen[0]
+
+
+def test_backward_runs_on_the_calling_thread_where_the_device_was_loaded() -> None:
+    from neuron_lab.device import backward_on_calling_thread, is_backward_on_calling_thread
+
+    x = torch.ones(4, device="neuron:1", requires_grad=True)
+    assert is_backward_on_calling_thread()
+    assert backward_thread(x) == threading.get_ident()
+
+    def in_new_thread(_: int) -> tuple[bool, bool, bool]:
+        default = is_backward_on_calling_thread()  # PyTorch's per-thread default: device threads
+        on_device_thread = backward_thread(x.detach().requires_grad_()) != threading.get_ident()
+        backward_on_calling_thread()
+        return default, on_device_thread, backward_thread(x.detach().requires_grad_()) == threading.get_ident()
+
+    assert run_in_threads(in_new_thread, 1) == [(False, True, True)]
+    try:
+        backward_on_calling_thread(False)
+        assert backward_thread(x.detach().requires_grad_()) != threading.get_ident()
+    finally:
+        backward_on_calling_thread()

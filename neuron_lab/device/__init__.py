@@ -9,9 +9,10 @@ the C++ extension ``neuron_lab.device._C``; see ``csrc/runtime.h`` for its map.
 
 from __future__ import annotations
 
-__all__ = ["register"]
+__all__ = ["register", "backward_on_calling_thread", "is_backward_on_calling_thread"]
 
 
+from neuron_lab.device.autograd_threads import backward_on_calling_thread, is_backward_on_calling_thread
 from neuron_lab.device.registration import register
 
 register()

@@ -57,6 +57,10 @@ def register() -> None:
         )
         _registered = True
 
+        from neuron_lab.device.autograd_threads import backward_on_calling_thread
+
+        backward_on_calling_thread()
+
         from neuron_lab import adaptive_eager
 
         adaptive_eager.start()

@@ -25,10 +25,12 @@ def is_loaded(shell: Any) -> bool:
 def load_ipython_extension(shell: Any) -> None:
     """Registers the neuron magics and per-cell timing in ``shell``; prints one line."""
     import neuron_lab
+    from neuron_lab.device.autograd_threads import backward_on_calling_thread
     from neuron_lab.magics.autotime import CellTimer, timer_for
     from neuron_lab.magics.display import banner
     from neuron_lab.magics.magics import NeuronMagics
 
+    backward_on_calling_thread()  # the thread that runs cells; see neuron_lab.device.autograd_threads
     if shell in _LOADED:
         print(banner(autotime=_LOADED[shell].timer.printing))
         return
