@@ -16,7 +16,8 @@ def counters() -> dict:
     graph_launches, graphs_built (cache misses), cache_hits, compiles_requested /
     _succeeded / _failed, compile_seconds (in the background), compiled_launches,
     replay_launches, compiled_fallbacks (compiled code failed, replayed instead),
-    compiled_rejected (compiled code was slower than replay), inline_ops (ops run
+    compiled_rejected (compiled code was slower than replay), compiled_stale (compiled
+    code dropped because the graph's floating-point scalars changed), inline_ops (ops run
     on the calling thread: host reads, data-dependent shapes, ...; by op in
     ``inline_by_op``), dead_intermediate_bytes (results that never took device
     memory), live_result_bytes, flushes (by reason) and syncs (host waits, by reason).
@@ -30,7 +31,8 @@ def reset_counters() -> None:
 
 
 def graphs() -> list[dict]:
-    """The graph cache: one dict per cached graph (ops, hits, tier, timings, source line)."""
+    """The graph cache: one dict per cached graph (ops, hits, tier, timings, source line,
+    ``scalar_changes``: how often its floating-point scalar arguments changed)."""
     return list(_native.graphs())
 
 

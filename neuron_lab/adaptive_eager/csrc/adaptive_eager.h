@@ -55,7 +55,7 @@ Policy& policy();
 struct Counters {
   std::atomic<uint64_t> ops_recorded{0}, launches{0}, graph_launches{0}, graphs_built{0}, cache_hits{0},
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
-      compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0},
+      compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0};
   std::mutex mutex;
   std::map<std::string, uint64_t> flushes;  // by reason
@@ -141,6 +141,12 @@ struct Graph {
   std::string cause;                   // why it was built (what differed from the closest cached graph)
   std::atomic<int64_t> hits{0};
   std::atomic<int> state{Cold};
+  // Floating-point scalar arguments are not part of the key (see KeyBuilder); guarded by
+  // the cache's mutex. Compiled code has them baked in: it runs only while they match.
+  std::vector<int64_t> scalars;           // the latest launch's values
+  std::vector<int64_t> compiled_scalars;  // the values compiled code was (or is being) built with
+  int64_t runs_with_these_scalars = 0;    // compiles only once they stay for compile_after runs
+  int64_t scalar_changes = 0;
   void* compiled = nullptr;  // a Python callable (python.cpp owns the reference)
   std::mutex mutex;          // guards the statistics below
   int64_t replay_runs = 0, replay_ns = 0, compiled_runs = 0, compiled_ns = 0;
@@ -161,7 +167,7 @@ bool graph_starts_with(uint64_t first_record_hash);
 
 // The background compiler (Python) receives graphs through this hook.
 struct GraphInfo {
-  int64_t id, n_ops, hits, compiled_runs, replay_runs;
+  int64_t id, n_ops, hits, compiled_runs, replay_runs, scalar_changes;
   double replay_ms, compiled_ms;
   std::string tier, note, first_op, source, flush_reason, cause;
 };

@@ -186,8 +186,11 @@ uint64_t hash_words(const std::vector<int64_t>& words) {
 }
 
 // The structure of a graph as words: op sequence, each argument's metadata
-// (shapes, strides, dtypes, which memory it uses), scalars' values, and which
-// results are dead. Equal keys mean the same compiled code can run it.
+// (shapes, strides, dtypes, which memory it uses), integer and boolean values,
+// and which results are dead. Floating-point scalars (a learning rate, Adam's
+// bias corrections) go to `scalars` instead: launches that differ only in them
+// share a graph, replay with their own values, and run compiled code only
+// while they equal the values it was compiled with (Graph::compiled_scalars).
 class KeyBuilder {
  public:
   explicit KeyBuilder(const std::unordered_map<const c10::StorageImpl*, int>* storage_index)
@@ -201,7 +204,14 @@ class KeyBuilder {
     } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
       put(3);
       put(static_cast<int64_t>(t.scalar_type()));
-      put(scalar_bits(t));
+      const auto s = wrapped_number_value(t);
+      if (s.isFloatingPoint()) {
+        scalars.push_back(double_bits(s.toDouble()));
+      } else if (s.isComplex()) {
+        put(double_bits(s.toComplexDouble().real())), put(double_bits(s.toComplexDouble().imag()));
+      } else {
+        put(s.toLong());
+      }
       return;
     } else {
       put(4);
@@ -221,10 +231,8 @@ class KeyBuilder {
     } else if (v.isInt()) {
       put(6), put(v.toInt());
     } else if (v.isDouble()) {
-      double d = v.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &d, sizeof bits);
-      put(7), put(bits);
+      put(7);
+      scalars.push_back(double_bits(v.toDouble()));
     } else if (v.isBool()) {
       put(8), put(v.toBool());
     } else if (v.isIntList()) {
@@ -265,19 +273,14 @@ class KeyBuilder {
   void put(int64_t w) { words.push_back(w); }
 
   std::vector<int64_t> words;
+  std::vector<int64_t> scalars;  // floating-point scalar arguments, as bits, in order
   const char* uncompilable = nullptr;
 
  private:
-  static int64_t scalar_bits(const at::Tensor& t) {
-    const auto s = wrapped_number_value(t);
-    if (s.isFloatingPoint()) {
-      double d = s.toDouble();
-      int64_t bits;
-      std::memcpy(&bits, &d, sizeof bits);
-      return bits;
-    }
-    if (s.isComplex()) return static_cast<int64_t>(std::hash<double>()(s.toComplexDouble().real())) ^ 7;
-    return s.toLong();
+  static int64_t double_bits(double d) {
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    return bits;
   }
 
   const std::unordered_map<const c10::StorageImpl*, int>* index_;
@@ -326,6 +329,7 @@ struct Launch {
   std::vector<c10::Storage> inputs;        // the compiled code's inputs: every live storage
   std::vector<c10::ScalarType> input_dtypes;
   std::shared_ptr<Graph> graph;
+  bool replay_only = false;  // its scalars differ from those the graph's compiled code has
   c10::DeviceIndex device = 0;
   c10::StreamId stream_id = 0;
   trace::LaunchRecordPtr record;  // while profiling
@@ -459,7 +463,7 @@ struct Launch {
   void execute() {
     const int64_t start = now_ns();
     bool compiled = false;
-    if (graph && graph->state.load() == Graph::Compiled && !reads_poison()) {
+    if (graph && !replay_only && graph->state.load() == Graph::Compiled && !reads_poison()) {
       compiled = run_compiled(*graph, inputs, input_dtypes);
       if (!compiled) {
         counters().compiled_fallbacks.fetch_add(1);
@@ -676,7 +680,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       key.put(static_cast<int64_t>(u.dtype));
     }
     const uint64_t h = hash_words(key.words);
-    std::lock_guard<std::mutex> lock(g_cache_mutex);
+    std::lock_guard<std::mutex> lock(g_cache_mutex);  // also guards the graphs' scalar fields
     auto& bucket = cache()[h];
     for (const auto& g : bucket) {
       if (g->key == key.words) l->graph = g;
@@ -716,15 +720,29 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       c.graphs_built.fetch_add(1, std::memory_order_relaxed);
     }
     auto& g = *l->graph;
-    const int64_t hits = g.hits.fetch_add(1) + 1;
-    if (hits >= policy().compile_after.load() && policy().compile.load() && g.state.load() == Graph::Cold) {
+    g.hits.fetch_add(1);
+    if (g.scalars != key.scalars) {
+      if (g.runs_with_these_scalars > 0) g.scalar_changes += 1;
+      g.scalars = std::move(key.scalars);
+      g.runs_with_these_scalars = 0;
+    }
+    g.runs_with_these_scalars += 1;
+    if (g.compiled_scalars != g.scalars) {
+      const int state = g.state.load();
+      if (state == Graph::Compiling || state == Graph::Compiled) l->replay_only = true;
+      int compiled = Graph::Compiled;  // stale constants: recompile once the scalars settle
+      if (g.state.compare_exchange_strong(compiled, Graph::Cold)) c.compiled_stale.fetch_add(1);
+    }
+    if (g.runs_with_these_scalars >= policy().compile_after.load() && policy().compile.load() &&
+        g.state.load() == Graph::Cold) {
+      g.compiled_scalars = g.scalars;
       compile_me = l->graph;
     }
   }
   if (compile_me) request_compile(compile_me, l->records, storages);
   // Dead intermediates get host scratch now, on this thread, unless compiled
   // code (which keeps them in registers and local buffers) will run the graph.
-  if (!l->graph || l->graph->state.load() != Graph::Compiled) {
+  if (!l->graph || l->replay_only || l->graph->state.load() != Graph::Compiled) {
     for (auto& st : l->scratch) materialize_scratch(st);
   }
 
@@ -801,12 +819,18 @@ std::vector<GraphInfo> graph_infos() {
       i.hits = g->hits.load();
       i.compiled_runs = g->compiled_runs;
       i.replay_runs = g->replay_runs;
+      i.scalar_changes = g->scalar_changes;
       i.replay_ms = g->replay_runs ? static_cast<double>(g->replay_ns) / g->replay_runs / 1e6 : 0.0;
       i.compiled_ms = g->compiled_runs ? static_cast<double>(g->compiled_ns) / g->compiled_runs / 1e6 : 0.0;
       static const char* tiers[] = {"replay", "compiling", "compiled", "replay (compile failed)",
                                     "replay (not compilable)", "replay (compiled was slower)"};
       i.tier = tiers[g->state.load()];
       i.note = g->note;
+      if (i.note.empty() && g->state.load() == Graph::Cold && g->scalar_changes > 0) {
+        i.note = "its floating-point scalars changed " + std::to_string(g->scalar_changes) +
+                 " time(s) (e.g. Adam's bias corrections): it replays with each launch's values and "
+                 "compiles once they stay the same for compile_after launches";
+      }
       i.first_op = g->first_op;
       i.source = g->source;
       i.flush_reason = g->flush_reason;

@@ -167,7 +167,7 @@ bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const s
       const int64_t numel = static_cast<int64_t>(s.nbytes() / c10::elementSize(dtypes[i]));
       args.append(at::from_blob(s.mutable_data(), {numel}, at::TensorOptions().dtype(dtypes[i])));
     }
-    py::handle fn(static_cast<PyObject*>(graph.compiled));
+    auto fn = py::reinterpret_borrow<py::object>(static_cast<PyObject*>(graph.compiled));
     fn(args);
     return true;
   } catch (py::error_already_set& e) {
@@ -223,6 +223,7 @@ void register_bindings(py::module& m) {
     d["replay_launches"] = c.replay_launches.load();
     d["compiled_fallbacks"] = c.compiled_fallbacks.load();
     d["compiled_rejected"] = c.compiled_rejected.load();
+    d["compiled_stale"] = c.compiled_stale.load();
     d["inline_ops"] = c.inline_ops.load();
     d["dead_intermediate_bytes"] = c.dead_intermediate_bytes.load();
     d["live_result_bytes"] = c.live_result_bytes.load();
@@ -242,6 +243,7 @@ void register_bindings(py::module& m) {
       d["hits"] = g.hits;
       d["tier"] = g.tier;
       d["replay_runs"] = g.replay_runs;
+      d["scalar_changes"] = g.scalar_changes;
       d["compiled_runs"] = g.compiled_runs;
       d["replay_ms"] = g.replay_ms;
       d["compiled_ms"] = g.compiled_ms;
@@ -332,7 +334,9 @@ void register_bindings(py::module& m) {
       return true;
     }
     c.compiles_succeeded.fetch_add(1);
-    g->compiled = fn.release().ptr();  // owned by the graph for the life of the process
+    PyObject* previous = static_cast<PyObject*>(g->compiled);  // compiled for other scalars, if any
+    g->compiled = fn.release().ptr();  // owned by the graph (run_compiled holds its own reference)
+    Py_XDECREF(previous);
     g->state = Graph::Compiled;
     return true;
   });

@@ -74,7 +74,7 @@ void Counters::count_sync(const std::string& reason) {
 void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
-                  &compiled_fallbacks, &compiled_rejected, &inline_ops, &dead_intermediate_bytes,
+                  &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
                   &live_result_bytes}) {
     c->store(0);
   }
