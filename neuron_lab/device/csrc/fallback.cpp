@@ -274,7 +274,10 @@ bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && 
 
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::CPU), schema.operator_name(),
+  // A CompositeExplicitAutograd kernel also serves the CPU (the foreach ops' is their CPU kernel).
+  TORCH_CHECK_NOT_IMPLEMENTED(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd),
+                              schema.operator_name(),
                               " has no kernel for the neuron device, nor a CPU kernel to run it with. "
                               "Run it on the CPU: move its inputs there with .cpu().");
   // Adaptive and eager modes: recorded, launched later on the current stream.
@@ -413,6 +416,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"mse_loss", "native_layer_norm", "native_group_norm", "addr", "addr.out",
                            "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
+  // Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into
+  // one op per tensor before reaching the fallback: recorded whole, an AdamW step
+  // is ~10 records instead of ~10 per parameter, replayed by the CPU's foreach kernels.
+  for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (op.name.rfind("aten::_foreach_", 0) != 0) continue;
+    const std::string name = op.name.substr(6) + (op.overload_name.empty() ? "" : "." + op.overload_name);
+    m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
 }
 }  // namespace neuron

@@ -1,0 +1,118 @@
+"""Foreach ops (the multi-tensor updates of torch.optim) on neuron: each is recorded as
+one op, replayed by the CPU's foreach kernel, and gives the CPU's values; graphs that
+differ only in floating-point scalars (Adam's bias corrections) share one cache entry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.testing._internal.common_methods_invocations as op_db
+from torch.utils._pytree import tree_map
+
+import neuron_lab
+from neuron_lab import adaptive_eager as ae
+
+FOREACH_OPS = [op for db in ("foreach_unary_op_db", "foreach_binary_op_db", "foreach_pointwise_op_db",
+                             "foreach_reduce_op_db", "foreach_other_op_db") for op in getattr(op_db, db)]
+
+
+@pytest.fixture(autouse=True)
+def _adaptive_mode():
+    previous_mode, previous_policy = neuron_lab.get_mode(), ae.policy()
+    neuron_lab.set_mode("adaptive")
+    try:
+        yield
+    finally:
+        torch.neuron.synchronize()
+        neuron_lab.set_mode(previous_mode)
+        neuron_lab.configure(**previous_policy)
+
+
+def clone_to(device: str, tree):
+    return tree_map(lambda x: x.detach().clone().to(device) if isinstance(x, torch.Tensor) else x, tree)
+
+
+@pytest.mark.parametrize("op", FOREACH_OPS, ids=lambda op: op.name)
+def test_foreach_op_matches_the_cpu(op) -> None:
+    checked = 0
+    for sample in list(op.sample_inputs("cpu", torch.float32))[:3]:
+        for variant in (op.op, op.inplace_variant):
+            if variant is None:
+                continue
+            cpu_args = clone_to("cpu", (sample.input, *sample.args))
+            neuron_args = clone_to("neuron", (sample.input, *sample.args))
+            try:
+                expected = variant(*cpu_args, **sample.kwargs)
+            except (RuntimeError, TypeError) as e:  # the CPU refuses: so must neuron, with the same error type
+                with pytest.raises(type(e)):
+                    variant(*neuron_args, **sample.kwargs)
+                    torch.neuron.synchronize()
+                continue
+            ae.reset_counters()
+            result = variant(*neuron_args, **sample.kwargs)
+            assert ae.counters()["ops_recorded"] <= 1, f"{op.name} was not recorded as one op"
+            torch.testing.assert_close(clone_to("cpu", result), expected, equal_nan=True)
+            torch.testing.assert_close(clone_to("cpu", neuron_args), cpu_args, equal_nan=True)  # in-place writes
+            checked += 1
+    assert checked > 0
+
+
+def test_adamw_steps_reuse_one_graph_and_match_the_cpu() -> None:
+    """AdamW's bias corrections change every step: the step's graph is still built once."""
+    neuron_lab.configure(compile_after=10**6)
+    ae.clear_graph_cache()
+    torch.manual_seed(0)
+    cpu_params = [torch.randn(16, 8), torch.randn(8), torch.randn(4, 16), torch.randn(4), torch.randn(3, 4), torch.randn(3)]
+    grads = [torch.randn_like(p) for p in cpu_params]
+    params = [p.to("neuron") for p in cpu_params]
+    for p, q, g in zip(params, cpu_params, grads):
+        p.grad, q.grad = g.to("neuron"), g.clone()
+    opt = torch.optim.AdamW(params, lr=1e-2)  # foreach on neuron, single-tensor on the CPU
+    cpu_opt = torch.optim.AdamW(cpu_params, lr=1e-2)
+    for _ in range(3):  # warm-up, as measured: one step per launch
+        opt.step()
+        cpu_opt.step()
+        torch.neuron.synchronize()
+    ae.reset_counters()
+    for _ in range(10):
+        opt.step()
+        cpu_opt.step()
+        torch.neuron.synchronize()
+    counters = ae.counters()
+    assert counters["graphs_built"] == 0 and counters["cache_hits"] == 10
+    assert counters["ops_recorded"] / 10 < 2 * len(params)  # a few foreach ops per step, not ~8 per tensor
+    step_graph = max(ae.graphs(), key=lambda g: g["hits"])
+    assert step_graph["scalar_changes"] >= 10 and "scalars changed" in step_graph["note"]
+    for p, q in zip(params, cpu_params):
+        torch.testing.assert_close(p.cpu(), q, rtol=1e-6, atol=1e-6)
+
+
+def test_compiled_code_never_runs_with_stale_scalars() -> None:
+    """A hot graph compiles with its scalars baked in; when they change, the launch replays
+    with its own values, and the graph compiles again once they settle."""
+    neuron_lab.configure(compile_after=3)
+    x = torch.randn(64, device="neuron")
+    torch.neuron.synchronize()
+
+    def run(scale: float) -> torch.Tensor:
+        y = (x * scale).sin() + scale
+        torch.neuron.synchronize()
+        return y
+
+    for _ in range(8):
+        run(0.5)
+    assert ae.wait_for_compiles(120)
+    run(0.5)
+    ae.reset_counters()
+    y = run(0.25)  # other scalars: replayed, never the code compiled for 0.5
+    counters = ae.counters()
+    assert counters["graphs_built"] == 0 and counters["compiled_stale"] == 1
+    assert counters["compiled_launches"] == 0 and counters["replay_launches"] == 1
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 0.25).sin() + 0.25)
+    for _ in range(6):
+        run(0.25)
+    assert ae.wait_for_compiles(120)
+    ae.reset_counters()
+    y = run(0.25)
+    assert ae.counters()["compiled_launches"] == 1
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 0.25).sin() + 0.25)
