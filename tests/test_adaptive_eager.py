@@ -537,6 +537,36 @@ def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
     assert len(losses) == 10 and losses[-1] < losses[0]
 
 
+def test_a_host_read_flushes_only_the_ops_that_use_its_memory() -> None:
+    """item() on a launched loss waits for it; a buffer of optimizer-like ops on other
+    tensors stays open (to fuse on with the next step), and still runs before anything
+    that reads its results. (One buffer per stream: a buffer that holds the loss's ops is
+    flushed whole.)"""
+    a, b = torch.randn(64, device="neuron"), torch.randn(64, device="neuron")
+    a_cpu, b_cpu = a.cpu(), b.cpu()
+    ae.reset_counters()
+    loss = (a * a).sum()
+    ae.flush()  # as backward's start flushes the forward
+    b.mul_(0.5).add_(1.0)  # unrelated to the loss: stays buffered
+    value = loss.item()
+    counters = ae.counters()
+    assert counters["flushes"] == {"explicit flush": 1} and counters["launches"] == 1, counters
+    assert value == pytest.approx(float((a_cpu * a_cpu).sum()), rel=1e-5)
+    torch.testing.assert_close(b.cpu(), b_cpu * 0.5 + 1.0)  # the copy to the host flushes b's ops
+    assert ae.counters()["launches"] == 2
+
+
+def test_a_host_write_flushes_the_ops_that_read_the_old_values() -> None:
+    x = torch.arange(8.0, device="neuron")
+    torch.neuron.synchronize()
+    doubled = x * 2  # buffered: reads x
+    view_sum = x[2:].sum()  # buffered: reads a view of x
+    x.copy_(torch.full((8,), -1.0))  # from the host, now: must not overtake the reads
+    torch.testing.assert_close(doubled.cpu(), torch.arange(8.0) * 2)
+    assert view_sum.item() == sum(range(2, 8))
+    assert x.cpu().eq(-1).all()
+
+
 def test_graphs_describe_their_source() -> None:
     ae.clear_graph_cache()
     x = torch.randn(32, device="neuron")
