@@ -192,12 +192,12 @@ class Explanation:
         """What to change, from the findings."""
         out = []
         if self.recompiles:
-            out.append("Input shapes, dtypes or scalar arguments change between iterations, so graphs are "
-                       "rebuilt: keep them fixed (pad or bucket batch sizes, pass changing numbers as tensors).")
+            out.append("Input shapes, dtypes or integer arguments change between iterations, so graphs are "
+                       "rebuilt: keep them fixed (pad or bucket batch sizes, pass changing integers as tensors).")
         reads = [e for e in self.sync_events if e.what in _HOST_READS]
         if len(reads) > 1:
             out.append("The host reads device values repeatedly (e.g. loss.item() every step), and every read "
-                       "waits for all queued work: accumulate on the device and read once at the end.")
+                       "waits for the queued work behind that value: accumulate on the device and read once at the end.")
         unplanned = [e for e in self.inline_events if not _by_design(e.what)]
         if unplanned:
             ops = sorted({e.what for e in unplanned})
