@@ -503,10 +503,10 @@ def test_steady_state_training_hits_the_cache() -> None:
 
 @pytest.mark.parametrize("backward_thread", ["calling thread", "autograd device thread"])
 def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
-    """A backward pass starts and ends a graph whether autograd runs it on the calling thread
-    (neuron_lab's default) or on its device thread. The loop reads no loss until the end, so
-    only these boundaries split it: each step is its backward graph and one graph of its
-    optimizer step fused with the next forward, and every step reuses the same graphs."""
+    """The start of a backward pass cuts the graph whether autograd runs it on the calling
+    thread (neuron_lab's default) or on its device thread (there, the thread switches cut
+    it). The loop reads no loss until the end, so only these boundaries split it, and every
+    step reuses the same graphs."""
     neuron_lab.configure(compile_after=10**6)  # restored by the fixture
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -531,29 +531,12 @@ def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
 
     assert (threading.get_ident() in backward_threads) != device_thread
     assert counters["graphs_built"] == 0 and counters["cache_hits"] == counters["graph_launches"]
-    assert counters["graph_launches"] == 2 * 10 + 1  # + the last optimizer step, flushed alone
-    boundary = {"thread switch"} if device_thread else {"backward start", "backward end"}
+    # Calling thread: one graph per step (backward, optimizer, next forward); device thread:
+    # the backward alone, then optimizer + next forward. Plus the last step's tail.
+    assert counters["graph_launches"] == (2 * 10 + 1 if device_thread else 10 + 1)
+    boundary = {"thread switch"} if device_thread else {"backward start"}
     assert boundary <= set(counters["flushes"]) <= boundary | {"synchronize", "inline op"}, counters["flushes"]
     assert len(losses) == 10 and losses[-1] < losses[0]
-
-
-def test_a_host_read_flushes_only_the_ops_that_use_its_memory() -> None:
-    """item() on a launched loss waits for it; a buffer of optimizer-like ops on other
-    tensors stays open (to fuse on with the next step), and still runs before anything
-    that reads its results. (One buffer per stream: a buffer that holds the loss's ops is
-    flushed whole.)"""
-    a, b = torch.randn(64, device="neuron"), torch.randn(64, device="neuron")
-    a_cpu, b_cpu = a.cpu(), b.cpu()
-    ae.reset_counters()
-    loss = (a * a).sum()
-    ae.flush()  # as backward's start flushes the forward
-    b.mul_(0.5).add_(1.0)  # unrelated to the loss: stays buffered
-    value = loss.item()
-    counters = ae.counters()
-    assert counters["flushes"] == {"explicit flush": 1} and counters["launches"] == 1, counters
-    assert value == pytest.approx(float((a_cpu * a_cpu).sum()), rel=1e-5)
-    torch.testing.assert_close(b.cpu(), b_cpu * 0.5 + 1.0)  # the copy to the host flushes b's ops
-    assert ae.counters()["launches"] == 2
 
 
 def test_a_host_write_flushes_the_ops_that_read_the_old_values() -> None:

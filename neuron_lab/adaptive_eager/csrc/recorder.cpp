@@ -5,13 +5,11 @@
 // meta kernel) and joins the current stream's buffer. The buffer is launched
 // (flushed) as one graph when:
 //   - something must wait for its data: an op that cannot be recorded (a host
-//     read such as item(), an op whose output shape depends on data) or a copy
-//     to or from the host flushes the buffers holding ops that use its memory
-//     (all of them if one draws random numbers); synchronize, an event, memory
-//     statistics flush every buffer;
+//     read such as item(), an op whose output shape depends on data), a copy to
+//     the host, synchronize, an event, memory statistics;
 //   - another thread records on the stream, or the thread switches streams;
-//   - an autograd backward pass starts or ends on the recording thread (so a
-//     training step's forward, backward and optimizer ops become separate,
+//   - an autograd backward pass starts on the recording thread (so a training
+//     step's forward is one graph, its backward and optimizer ops the next:
 //     stable graphs, wherever the engine runs backward);
 //   - it holds policy().max_ops ops;
 //   - the device is idle, the buffer holds at least policy().idle_flush_bytes
@@ -447,49 +445,6 @@ void flush_device_buffers(c10::DeviceIndex device, const char* reason) {
   }
 }
 
-// Flushes the buffers that hold a record touching one of these tensors' memory, or a
-// record that draws random numbers (whose order with the caller's draws must hold).
-// Buffers of unrelated work stay open, so an item() on the loss lets the optimizer's
-// ops fuse on with the next step.
-void flush_buffers_touching(const std::vector<at::Tensor>& tensors, const char* reason) {
-  std::vector<const c10::StorageImpl*> storages;
-  for (const auto& t : tensors) {
-    if (t.defined() && t.has_storage()) storages.push_back(t.storage().unsafeGetStorageImpl());
-  }
-  auto uses = [&](const at::Tensor& t) {
-    return t.defined() && t.has_storage() &&
-           std::find(storages.begin(), storages.end(), t.storage().unsafeGetStorageImpl()) != storages.end();
-  };
-  auto record_touches = [&](const lazy::Record& r) {
-    if (r.random) return true;
-    for (const auto& t : r.outputs) {
-      if (uses(t)) return true;
-    }
-    for (const auto& a : r.args) {
-      if (a.isTensor() && uses(a.toTensor())) return true;
-      if (a.isTensorList()) {
-        for (const at::Tensor& t : a.toTensorList()) {
-          if (uses(t)) return true;
-        }
-      } else if (a.isList()) {
-        for (const c10::IValue& v : a.toList()) {
-          if (v.isTensor() && uses(v.toTensor())) return true;
-        }
-      }
-    }
-    return false;
-  };
-  std::vector<std::pair<StreamState*, lazy::Buffer*>> all;
-  {
-    std::lock_guard<std::mutex> lock(lazy::g_buffers_mutex);
-    for (auto& [s, b] : lazy::buffers()) all.emplace_back(s, b.get());
-  }
-  for (auto& [s, b] : all) {
-    auto lock = lazy::lock_buffer(*b);
-    if (std::any_of(b->records.begin(), b->records.end(), record_touches)) lazy::flush_locked(*b, *s, reason);
-  }
-}
-
 }  // namespace neuron
 
 namespace neuron::lazy {
@@ -657,8 +612,10 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const int graph_task = torch::autograd::get_current_graph_task_id();
   if (!b.records.empty() && b.owner != me) {
     flush_locked(b, s, "thread switch");
-  } else if (!b.records.empty() && b.graph_task != graph_task) {
-    flush_locked(b, s, graph_task == -1 ? "backward end" : "backward start");
+  } else if (!b.records.empty() && graph_task != -1 && b.graph_task != graph_task) {
+    // A backward pass starts: the forward runs while the host records the backward,
+    // whose graph goes on with the optimizer's ops.
+    flush_locked(b, s, "backward start");
   }
   b.owner = me;
   b.graph_task = graph_task;
@@ -716,7 +673,7 @@ void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& r
     trace::log_event(std::move(e));
   }
   counters().count_sync(reason);
-  flush_buffers_touching(tensors, "inline op");
+  flush_device_buffers(-1, "inline op");
   for (const auto& t : tensors) {
     if (!t.defined() || t.device().type() != kNeuron) continue;
     wait_for_storage(t.storage(), reason.c_str());
