@@ -94,11 +94,11 @@ def main() -> int:
         med = {label: statistics.median(t) for label, t in times.items()}
         # Paired ratios: each repeat's blocks ran back to back, so their ratio cancels the
         # machine's slow drift; the median of those is the reported ratio.
-        ratios = {base: statistics.median(n / b for n, b in zip(times["neuron compile"], times[base]))
+        paired = {base: sorted(n / b for n, b in zip(times["neuron compile"], times[base]))
                   for base in ("CPU compile", "CPU eager")}
-        spread = sorted(n / b for n, b in zip(times["neuron compile"], times["CPU compile"]))
-        print(f"{name}: neuron / CPU compile per repeat, sorted: {', '.join(f'{r:.2f}' for r in spread)}",
-              file=sys.stderr)
+        ratios = {base: statistics.median(values) for base, values in paired.items()}
+        print(f"{name}: neuron / CPU compile per repeat, sorted: "
+              f"{', '.join(f'{r:.2f}' for r in paired['CPU compile'])}", file=sys.stderr)
         rows.append((name, med, first, ratios))
     print("| workload | CPU eager | CPU compile | neuron compile | neuron / CPU compile (target <= 1.2) "
           "| neuron / CPU eager | first step (compile) neuron / CPU compile |")

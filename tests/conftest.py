@@ -71,6 +71,26 @@ def ip(shell):
 
 
 @pytest.fixture
+def adaptive_runtime():
+    """Adaptive mode with the default policy and no pending work, before and after the test
+    (which may change the mode or the policy freely)."""
+    from neuron_lab import adaptive_eager
+
+    torch.neuron.synchronize()
+    previous_mode, previous_policy = neuron_lab.get_mode(), adaptive_eager.policy()
+    neuron_lab.set_mode("adaptive")
+    adaptive_eager.reset_counters()
+    try:
+        yield
+    finally:
+        try:
+            torch.neuron.synchronize()
+        finally:
+            neuron_lab.set_mode(previous_mode)
+            neuron_lab.configure(**previous_policy)
+
+
+@pytest.fixture
 def replay_tier():
     """Adaptive eager's replay tier only, for tests that compare results bit for bit:
     graphs compiled by earlier tests (Inductor reorders float math, and whether a

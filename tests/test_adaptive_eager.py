@@ -20,22 +20,8 @@ from conftest import run_in_threads, run_python
 THIS_FILE = os.path.basename(__file__)
 
 
-@pytest.fixture(autouse=True)
-def _clean_runtime():
-    """Every test starts and ends in adaptive mode with the default policy and no pending work."""
-    torch.neuron.synchronize()
-    previous_mode = neuron_lab.get_mode()
-    previous_policy = ae.policy()
-    neuron_lab.set_mode("adaptive")
-    ae.reset_counters()
-    try:
-        yield
-    finally:
-        try:
-            torch.neuron.synchronize()
-        finally:
-            neuron_lab.set_mode(previous_mode)
-            neuron_lab.configure(**previous_policy)
+# Every test starts and ends in adaptive mode with the default policy and no pending work.
+pytestmark = pytest.mark.usefixtures("adaptive_runtime")
 
 
 def settled_counters() -> dict:

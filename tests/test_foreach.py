@@ -16,16 +16,7 @@ FOREACH_OPS = [op for db in ("foreach_unary_op_db", "foreach_binary_op_db", "for
                              "foreach_reduce_op_db", "foreach_other_op_db") for op in getattr(op_db, db)]
 
 
-@pytest.fixture(autouse=True)
-def _adaptive_mode():
-    previous_mode, previous_policy = neuron_lab.get_mode(), ae.policy()
-    neuron_lab.set_mode("adaptive")
-    try:
-        yield
-    finally:
-        torch.neuron.synchronize()
-        neuron_lab.set_mode(previous_mode)
-        neuron_lab.configure(**previous_policy)
+pytestmark = pytest.mark.usefixtures("adaptive_runtime")
 
 
 def clone_to(device: str, tree):
