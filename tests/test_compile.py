@@ -218,3 +218,58 @@ def test_compiled_cnn_uses_onednn_scratch_memory_from_the_device():
             out = compiled(x.to("neuron"))
         ref = conv.cpu()(x)
     torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+
+
+def _training_step_graph_cache_counts() -> dict:
+    """Compiles a small model's training step with the neuron backend; Inductor's
+    on-disk graph-cache counters for its forward and backward graphs."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to("neuron"), backend="neuron")
+    model(torch.randn(5, 8, device="neuron")).sum().backward()
+    return dict(counters["inductor"])
+
+
+def test_forward_and_backward_graphs_use_inductors_on_disk_cache():
+    """Both graphs of a training step go through Inductor's FX graph cache (a backward
+    compiled without a ShapeEnv bypassed it): the second compile of the same model,
+    as after a kernel restart, loads both from disk."""
+    torch.manual_seed(0)
+    first = _training_step_graph_cache_counts()
+    assert first.get("fxgraph_cache_bypass", 0) == 0, first
+    second = _training_step_graph_cache_counts()
+    assert second.get("fxgraph_cache_hit", 0) == 2 and second.get("fxgraph_cache_miss", 0) == 0, second
+
+
+def test_compile_options_and_mode_reach_inductor():
+    from torch._dynamo.utils import counters
+
+    f = lambda x: (x * 2).sin()  # noqa: E731
+    x = torch.randn(6, device="neuron")
+    torch.compile(f, backend="neuron")(x)  # cached on disk from here on
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(f, backend="neuron", options={"fx-graph-cache": False})(x)
+    torch.testing.assert_close(out.cpu(), f(x.cpu()))
+    assert counters["inductor"].get("fxgraph_cache_hit", 0) == 0  # the option took effect
+    assert compiled_graphs()[-1]["inductor_options"] == {"fx_graph_cache": False}
+    torch._dynamo.reset()
+    torch.compile(f, backend="neuron", mode="max-autotune-no-cudagraphs")(x)
+    assert compiled_graphs()[-1]["inductor_options"]["max_autotune"] is True
+    torch._dynamo.reset()
+    torch.compile(f, backend="neuron", mode="reduce-overhead")(x)  # CUDA graphs do not apply
+    assert "triton.cudagraphs" not in compiled_graphs()[-1]["inductor_options"]
+
+
+def test_unknown_compile_options_and_modes_raise_clear_errors():
+    x = torch.randn(6, device="neuron")
+    with pytest.raises(Exception, match=r"'no_such_option' is not a TorchInductor option.*list_options\(\)"):
+        torch.compile(lambda t: t + 1, backend="neuron", options={"no_such_option": 1})(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"Unrecognized mode=fastest"):
+        torch.compile(lambda t: t + 2, backend="neuron", mode="fastest")(x)
+    torch._dynamo.reset()
+    # Nothing was lost: the tensor and the backend still work.
+    assert torch.compile(lambda t: t + 3, backend="neuron")(x).cpu().equal(x.cpu() + 3)

@@ -42,7 +42,7 @@ _graphs: list[dict] = []
 
 def compiled_graphs() -> list[dict]:
     """Every graph the backend compiled: id, kind (forward / backward / inference), tier
-    (inductor, or adaptive eager for symbolic shapes), compile seconds, launches."""
+    (inductor, or adaptive eager for symbolic shapes), compile seconds, launches, the Inductor options it was compiled with."""
     with _lock:
         return [dict(g) for g in _graphs]
 
@@ -115,14 +115,49 @@ def _host_example(x: Any) -> Any:
 _pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-compile")
 
 
-def _inductor_compile(gm: torch.fx.GraphModule, examples: list) -> Callable:
+def _inductor_config(mode: Optional[str] = None, options: Optional[dict] = None) -> dict:
+    """TorchInductor config patches for ``torch.compile(..., backend="neuron", mode=, options=)``.
+
+    ``mode`` takes Inductor's modes (``torch._inductor.list_mode_options()``) less CUDA
+    graphs, which do not apply: the neuron stream already runs a compiled graph as one
+    launch. ``options`` are Inductor config names (``torch._inductor.list_options()``),
+    for example ``{"cpp_wrapper": True}``: a C++ wrapper that runs the graph without
+    Python (slower to compile, faster per launch)."""
+    import torch._inductor
+
+    patches: dict = {}
+    if mode is not None and mode != "default":
+        try:
+            patches.update(torch._inductor.list_mode_options(mode))
+        except RuntimeError as e:
+            raise ValueError(f"torch.compile(backend='neuron'): {e}") from None
+    patches.pop("triton.cudagraphs", None)
+    if options:
+        options = {str(k).replace("-", "_"): v for k, v in options.items()}  # as torch.compile's inductor
+        known = set(torch._inductor.list_options())
+        unknown = sorted(k for k in options if k not in known)
+        if unknown:
+            raise ValueError(f"torch.compile(backend='neuron'): {', '.join(map(repr, unknown))} "
+                             f"{'is not a TorchInductor option' if len(unknown) == 1 else 'are not TorchInductor options'}; "
+                             "the names are listed by torch._inductor.list_options()")
+        patches.update(options)
+    return patches
+
+
+def _inductor_compile(gm: torch.fx.GraphModule, examples: list, config_patches: dict) -> Callable:
     # A fresh thread: none of Dynamo's tracing state (fake mode, tracing context) of
     # the caller leaks into Inductor's own compile of this host graph.
     def work() -> Callable:
         from torch._inductor.compile_fx import compile_fx
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+        # Fake examples with a ShapeEnv: Inductor's and AOTAutograd's on-disk caches
+        # need one ("No shape env" bypasses them), so a kernel restart recompiles fast.
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+        fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in examples]
         with torch.no_grad():
-            return compile_fx(gm, examples)
+            return compile_fx(gm, fakes, config_patches=dict(config_patches))
 
     return _pool.submit(work).result()
 
@@ -131,12 +166,14 @@ def _devices_of(examples: Sequence[Any]) -> set[int]:
     return {x.device.index or 0 for x in examples if isinstance(x, torch.Tensor) and x.device.type == "neuron"}
 
 
-def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+def _compile_graph(kind: str, config_patches: dict, gm: torch.fx.GraphModule,
+                   example_inputs: Sequence[Any]) -> Callable:
     graph_id = next(_graph_ids)
     name = f"compiled {kind} graph {graph_id}"
     devices = _devices_of(example_inputs)
     record = {"id": graph_id, "kind": kind, "tier": "inductor", "compile_s": 0.0, "launches": 0,
-              "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function")}
+              "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
+              "inductor_options": dict(config_patches)}
     fallback_reason = None
     if any(_is_symbolic(x) for x in example_inputs):
         fallback_reason = "its shapes are symbolic (dynamic shapes): it runs through adaptive eager"
@@ -152,7 +189,7 @@ def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence
     start = time.perf_counter()
     host_gm = _retarget_to_host(gm)
     try:
-        compiled = _inductor_compile(host_gm, [_host_example(x) for x in example_inputs])
+        compiled = _inductor_compile(host_gm, [_host_example(x) for x in example_inputs], config_patches)
     except Exception as e:
         _log("compile_failed", name, f"Inductor failed ({type(e).__name__}: {e}); it runs through adaptive eager",
              time.perf_counter() - start, graph_id)
@@ -196,20 +233,23 @@ def _compile_graph(kind: str, gm: torch.fx.GraphModule, example_inputs: Sequence
     return launch
 
 
-def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, **kwargs: Any) -> Callable:
-    """The Dynamo backend registered as ``"neuron"``."""
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
+                   options: Optional[dict] = None) -> Callable:
+    """The Dynamo backend registered as ``"neuron"``; ``mode`` and ``options`` are
+    torch.compile's, applied to TorchInductor's host compile (see ``_inductor_config``)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from neuron_lab.compile import device_interface
 
     device_interface.register()
+    config_patches = _inductor_config(mode, options)
     kind, cause = _note_frame(example_inputs)
     _log(kind, f"torch.compile graph ({sum(1 for n in gm.graph.nodes if n.op == 'call_function')} ops)", cause)
     return aot_autograd(
-        fw_compiler=functools.partial(_compile_graph, "forward"),
-        bw_compiler=functools.partial(_compile_graph, "backward"),
-        inference_compiler=functools.partial(_compile_graph, "inference"),
+        fw_compiler=functools.partial(_compile_graph, "forward", config_patches),
+        bw_compiler=functools.partial(_compile_graph, "backward", config_patches),
+        inference_compiler=functools.partial(_compile_graph, "inference", config_patches),
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )(gm, example_inputs)
