@@ -273,3 +273,66 @@ def test_unknown_compile_options_and_modes_raise_clear_errors():
     torch._dynamo.reset()
     # Nothing was lost: the tensor and the backend still work.
     assert torch.compile(lambda t: t + 3, backend="neuron")(x).cpu().equal(x.cpu() + 3)
+
+
+def test_a_background_fx_trace_does_not_patch_module_calls_on_other_threads():
+    """FX patches torch.nn.Module.__call__ process-wide while it traces: when the
+    background compiler traces, a module called on the user's thread (a compiled
+    model's step) must still run PyTorch's own __call__, not the tracer's wrapper."""
+    import inspect
+    import threading
+
+    from neuron_lab.adaptive_eager import compiler
+
+    inside, release = threading.Event(), threading.Event()
+
+    def traced(x):
+        inside.set()
+        release.wait(30)
+        return x + 1
+
+    def background_compile() -> None:
+        with compiler._exclusive.lock:
+            compiler._exclusive.compiling_thread = threading.get_ident()
+            try:
+                torch.fx.symbolic_trace(traced)
+            finally:
+                compiler._exclusive.compiling_thread = None
+
+    seen = []
+
+    class Probe(nn.Module):
+        def forward(self, x):
+            seen.append([f.function for f in inspect.stack() if f.function == "module_call_wrapper"])
+            return x * 2
+
+    thread = threading.Thread(target=background_compile)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        assert Probe()(torch.ones(2, device="neuron")).cpu().tolist() == [2.0, 2.0]
+        compiled = torch.compile(Probe().to("neuron"), backend="neuron")
+        release.set()
+        assert compiled(torch.ones(2, device="neuron")).cpu().tolist() == [2.0, 2.0]
+    finally:
+        release.set()
+        thread.join(30)
+    assert seen[0] == []  # PyTorch's Module.__call__, not FX's wrapper
+    assert torch.nn.Module.__call__ is torch.nn.modules.module.Module._wrapped_call_impl
+
+
+def test_background_compiles_stay_exclusive_with_dynamo_after_a_reset():
+    """torch._dynamo.reset() clears Dynamo's compile callbacks; the background compiler
+    registers its lock again, or its traces and a torch.compile overlap (and fail)."""
+    from torch._dynamo.callback import callback_handler
+
+    from neuron_lab.adaptive_eager import compiler
+
+    compiler._exclusive.register()
+    torch._dynamo.reset()
+    assert compiler._exclusive._start not in callback_handler.start_callbacks
+    compiler._exclusive.register()  # what the background compiler does before each compile
+    assert compiler._exclusive._start in callback_handler.start_callbacks
+    assert compiler._exclusive._end in callback_handler.end_callbacks
+    compiler._exclusive.register()
+    assert callback_handler.start_callbacks.count(compiler._exclusive._start) == 1

@@ -248,7 +248,6 @@ class _ExclusiveWithDynamo:
         self.lock = threading.Lock()
         self.compiling_thread: Optional[int] = None  # the background compiler, while it compiles
         self._dynamo_holds = False
-        self._registered = False
 
     def _start(self, _args: Any) -> None:
         self.lock.acquire()
@@ -260,14 +259,14 @@ class _ExclusiveWithDynamo:
             self.lock.release()
 
     def register(self) -> None:
-        """Hooks into Dynamo (imported here, in the background, on first use)."""
-        if self._registered:
-            return
+        """Hooks into Dynamo (imported here, in the background, on first use), and again
+        after ``torch._dynamo.reset()``, which clears Dynamo's compile callbacks."""
         from torch._dynamo.callback import callback_handler
 
+        if self._start in callback_handler.start_callbacks:
+            return
         callback_handler.register_start_callback(self._start)
         callback_handler.register_end_callback(self._end)
-        self._registered = True
         # A torch.compile already under way did not take the lock: let it finish first.
         pending = "_CompilationCallbackHandler__pending_callbacks_counter"
         while getattr(callback_handler, pending, 0) > 0 and not self._dynamo_holds:
@@ -299,7 +298,52 @@ def _install_fx_tracing_check() -> None:
     symbolic_trace.is_fx_symbolic_tracing = is_fx_symbolic_tracing
 
 
+def _only_on_thread(thread: int, new_fn: Callable, orig_fn: Callable) -> Callable:
+    @functools.wraps(new_fn)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == thread:
+            return new_fn(*args, **kwargs)
+        return orig_fn(*args, **kwargs)
+
+    return dispatch
+
+
+def _install_thread_local_fx_patches() -> None:
+    """While FX traces, it patches process-wide functions (``torch.nn.Module.__call__``
+    and ``__getattr__``, autowrapped globals of the modules it meets). A background
+    trace made every module call on the user's thread go through the tracer's wrapper:
+    a torch.compile'd model then compiled a second time, under the tracer's node-meta
+    state, and failed. Patches the background compiler's traces make apply to its own
+    thread only; other threads keep the original functions."""
+    import builtins
+
+    from torch.fx import _symbolic_trace as symbolic_trace
+
+    patcher = symbolic_trace._Patcher
+    if getattr(patcher.patch, "_neuron_lab", False):
+        return
+    original_patch, original_patch_method = patcher.patch, patcher.patch_method
+
+    def patch(self: Any, frame_dict: dict, name: str, new_fn: Callable, deduplicate: bool = True) -> None:
+        tracer = _exclusive.compiling_thread
+        orig_fn = frame_dict.get(name, getattr(builtins, name, None))
+        if tracer == threading.get_ident() and callable(orig_fn):
+            new_fn = _only_on_thread(tracer, new_fn, orig_fn)
+        original_patch(self, frame_dict, name, new_fn, deduplicate)
+
+    def patch_method(self: Any, cls: type, name: str, new_fn: Callable, deduplicate: bool = True) -> None:
+        tracer = _exclusive.compiling_thread
+        if tracer == threading.get_ident():
+            new_fn = _only_on_thread(tracer, new_fn, getattr(cls, name))
+        original_patch_method(self, cls, name, new_fn, deduplicate)
+
+    patch._neuron_lab = True  # type: ignore[attr-defined]
+    patcher.patch = patch
+    patcher.patch_method = patch_method
+
+
 _install_fx_tracing_check()
+_install_thread_local_fx_patches()
 
 
 def _compile_forever() -> None:
