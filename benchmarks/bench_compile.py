@@ -4,15 +4,21 @@ a transformer-block training step (nn.TransformerEncoderLayer(d_model=128, 4 hea
 batch 16 x 32 tokens, AdamW). Steady state: interleaved repeats after warm-up and once
 adaptive eager's background compiles (the optimizer step's graphs) are done; times are
 medians, ratios the median of each repeat's paired ratio (the blocks of one repeat run
-back to back, so the machine's drift cancels). The first step's time (compile included)
-is reported separately. One thread.
-Usage: .venv/bin/python benchmarks/bench_compile.py [--repeats N]
+back to back, so the machine's drift cancels); each block ends with a device synchronize,
+so neuron's queued work is counted in its own block. The first step's time (compile
+included) is reported separately. One thread.
+``--options '{"cpp_wrapper": true}'`` gives both torch.compile configurations the same
+TorchInductor options.
+Configurations: CPU eager, CPU compile (inductor), neuron compile (the default async launches) and
+neuron inline (options={"neuron.launch": "inline"}: Inductor code run inline).
+Usage: .venv/bin/python benchmarks/bench_compile.py [--repeats N] [--steps N] [--options JSON]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import sys
 import time
@@ -37,10 +43,11 @@ def transformer() -> tuple[nn.Module, Callable[[str], tuple], type, dict]:
     return model, data, torch.optim.AdamW, {"lr": 1e-3}
 
 
-def make_step(model: nn.Module, data: tuple, opt_cls: type, opt_kwargs: dict, device: str, backend: str | None):
+def make_step(model: nn.Module, data: tuple, opt_cls: type, opt_kwargs: dict, device: str, backend: str | None,
+              options: dict | None = None):
     model = copy.deepcopy(model).to(device)
     x, y = (t.to(device) for t in data)
-    forward = torch.compile(model, backend=backend) if backend else model
+    forward = torch.compile(model, backend=backend, options=options or None) if backend else model
     opt = opt_cls(model.parameters(), **opt_kwargs)
 
     def step() -> float:
@@ -53,28 +60,35 @@ def make_step(model: nn.Module, data: tuple, opt_cls: type, opt_kwargs: dict, de
     return step
 
 
-CONFIGS = {
-    "CPU eager": ("cpu", None),
-    "CPU compile": ("cpu", "inductor"),
-    "neuron compile": ("neuron", "neuron"),
+CONFIGS = {  # label: (device, backend, extra torch.compile options)
+    "CPU eager": ("cpu", None, {}),
+    "CPU compile": ("cpu", "inductor", {}),
+    "neuron compile": ("neuron", "neuron", {}),  # async launches (the default)
+    "neuron inline": ("neuron", "neuron", {"neuron.launch": "inline"}),  # Inductor code, inline launches
 }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=40, help="steps per timed block")
+    parser.add_argument("--options", type=json.loads, default={}, help="TorchInductor options (JSON) for both compiles")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, 1 thread, repeats {args.repeats} x {args.steps} steps", file=sys.stderr)
+    print(f"torch {torch.__version__}, 1 thread, repeats {args.repeats} x {args.steps} steps, "
+          f"inductor options {args.options or 'default'}", file=sys.stderr)
     rows = []
     for name, workload in (("MLP step", mlp), ("transformer block step", transformer)):
         torch.manual_seed(0)
         model, data, opt_cls, opt_kwargs = workload()
         steps, first = {}, {}
-        for label, (device, backend) in CONFIGS.items():
+        for label, (device, backend, extra) in CONFIGS.items():
             torch._dynamo.reset()
-            steps[label] = make_step(model, data, opt_cls, opt_kwargs, device, backend)
+            options = {**args.options, **extra}
+            if "neuron.launch" not in options and device == "neuron" and args.options:
+                options["neuron.launch"] = "inline"  # Inductor options apply to inline graphs
+            steps[label] = make_step(model, data, opt_cls, opt_kwargs, device, backend,
+                                     options if backend else None)
             start = time.perf_counter()
             steps[label]()
             first[label] = time.perf_counter() - start
@@ -90,24 +104,29 @@ def main() -> int:
                 start = time.perf_counter()
                 for _ in range(args.steps):
                     step()
+                if CONFIGS[label][0] == "neuron":
+                    torch.neuron.synchronize()  # the block owns all the work it queued
                 times[label].append((time.perf_counter() - start) / args.steps)
         med = {label: statistics.median(t) for label, t in times.items()}
         # Paired ratios: each repeat's blocks ran back to back, so their ratio cancels the
         # machine's slow drift; the median of those is the reported ratio.
-        paired = {base: sorted(n / b for n, b in zip(times["neuron compile"], times[base]))
-                  for base in ("CPU compile", "CPU eager")}
-        ratios = {base: statistics.median(values) for base, values in paired.items()}
-        print(f"{name}: neuron / CPU compile per repeat, sorted: "
-              f"{', '.join(f'{r:.2f}' for r in paired['CPU compile'])}", file=sys.stderr)
+        pairs = (("neuron compile", "CPU compile"), ("neuron compile", "CPU eager"), ("neuron inline", "CPU compile"))
+        paired = {(a, b): sorted(x / y for x, y in zip(times[a], times[b])) for a, b in pairs}
+        ratios = {pair: statistics.median(values) for pair, values in paired.items()}
+        for a, b in pairs[::2]:
+            print(f"{name}: {a} / {b} per repeat, sorted: {', '.join(f'{r:.2f}' for r in paired[(a, b)])}",
+                  file=sys.stderr)
         rows.append((name, med, first, ratios))
-    print("| workload | CPU eager | CPU compile | neuron compile | neuron / CPU compile (target <= 1.2) "
-          "| neuron / CPU eager | first step (compile) neuron / CPU compile |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | CPU eager | CPU compile | neuron compile (async) | neuron inline | "
+          "neuron / CPU compile (target <= 1.2) | neuron / CPU eager | neuron inline / CPU compile "
+          "| first step (compile): neuron / neuron inline / CPU compile |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, med, first, ratios in rows:
         print(f"| {name} | {med['CPU eager'] * 1e3:.2f} ms | {med['CPU compile'] * 1e3:.2f} ms | "
-              f"{med['neuron compile'] * 1e3:.2f} ms | {ratios['CPU compile']:.2f} | "
-              f"{ratios['CPU eager']:.2f} | "
-              f"{first['neuron compile']:.1f} s / {first['CPU compile']:.1f} s |")
+              f"{med['neuron compile'] * 1e3:.2f} ms | {med['neuron inline'] * 1e3:.2f} ms | "
+              f"{ratios[('neuron compile', 'CPU compile')]:.2f} | {ratios[('neuron compile', 'CPU eager')]:.2f} | "
+              f"{ratios[('neuron inline', 'CPU compile')]:.2f} | {first['neuron compile']:.1f} s / "
+              f"{first['neuron inline']:.1f} s / {first['CPU compile']:.1f} s |")
     return 0
 
 

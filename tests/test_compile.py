@@ -56,30 +56,67 @@ class MLP(nn.Module):
         return self.layers(x)
 
 
-def test_set_default_backend_then_model_compile_runs_on_neuron():
+LAUNCHES = ("async", "inline")
+
+
+def compile_with(launch: str):
+    return lambda m: torch.compile(m, backend="neuron", options={"neuron.launch": launch})
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_set_default_backend_then_model_compile_runs_on_neuron(launch):
     torch.compiler.set_default_backend("neuron")
     model = MLP()
     before = len(compiled_graphs())
 
     def compile_model(m):
-        m.compile()
+        m.compile(options={"neuron.launch": "inline"} if launch == "inline" else None)
         return m
 
     parity(model, lambda step: torch.randn(16, 32), compile_model)
     kinds = [g["kind"] for g in compiled_graphs()[before:]]
     assert kinds == ["forward", "backward"], compiled_graphs()[before:]
-    assert all(g["tier"] == "inductor" and g["launches"] == 2 for g in compiled_graphs()[before:])
+    assert all(g["tier"] == launch and g["launches"] == 2 for g in compiled_graphs()[before:])
 
 
-def test_cnn_forward_and_backward_match_eager():
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_cnn_forward_and_backward_match_eager(launch):
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3),
                           nn.ReLU(), nn.Flatten(), nn.Linear(8 * 2 * 2, 5))
-    parity(model, lambda step: torch.randn(4, 3, 8, 8), lambda m: torch.compile(m, backend="neuron"), atol=1e-4)
+    parity(model, lambda step: torch.randn(4, 3, 8, 8), compile_with(launch), atol=1e-4)
 
 
-def test_transformer_block_forward_and_backward_match_eager():
+@pytest.mark.parametrize("launch", LAUNCHES)
+def test_transformer_block_forward_and_backward_match_eager(launch):
     model = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0, batch_first=True)
-    parity(model, lambda step: torch.randn(2, 6, 32), lambda m: torch.compile(m, backend="neuron"), atol=1e-4)
+    parity(model, lambda step: torch.randn(2, 6, 32), compile_with(launch), atol=1e-4)
+
+
+def test_async_graphs_are_recorded_and_launched_whole_on_the_stream():
+    """The default: a compiled graph's ops are recorded by adaptive eager (the host does
+    not wait for them) and launched together when the graph ends; steady-state steps
+    hit adaptive eager's graph cache, and nothing runs as an inline launch."""
+    from neuron_lab import adaptive_eager as ae
+
+    model = torch.compile(MLP().to("neuron"), backend="neuron")
+    x = torch.randn(16, 32, device="neuron")
+    before = len(compiled_graphs())
+    for _ in range(3):  # compiles, then warms adaptive eager's cache
+        model(x).square().mean().backward()
+    torch.neuron.synchronize()
+    graphs = compiled_graphs()[before:]
+    assert [g["tier"] for g in graphs] == ["async", "async"]
+    counters = ae.counters()
+    with neuron_lab.profiler.profile() as prof:
+        model(x).square().mean().backward()
+        torch.neuron.synchronize()
+    after = ae.counters()
+    assert after["ops_recorded"] - counters["ops_recorded"] >= 10  # the graphs' ops (views are not launched)
+    assert after["graphs_built"] == counters["graphs_built"]  # the steady state hits the cache
+    flushes = after["flushes"].get("end of a compiled graph", 0) - counters["flushes"].get("end of a compiled graph", 0)
+    assert flushes == 2  # the forward and the backward graph, each launched when it ends
+    assert not [l for l in prof.launches if l.kind == "inline"]
+    assert all(g["launches"] == 4 for g in compiled_graphs()[before:])
 
 
 def test_recompile_on_a_new_shape_is_counted_and_explained():
@@ -109,7 +146,7 @@ def test_dynamic_shapes_run_correctly_through_adaptive_eager():
     for n in (3, 5, 7):
         x = torch.randn(n, 4)
         torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x), atol=1e-5, rtol=1e-5)
-    assert any(g["tier"] == "adaptive eager" for g in compiled_graphs())
+    assert any(g["tier"] == "async" for g in compiled_graphs())
 
 
 def test_graph_breaks_fall_back_to_adaptive_eager():
@@ -140,8 +177,8 @@ def test_autocast_inside_compiled_code_uses_low_precision_matmuls():
     torch.testing.assert_close(c.cpu(), ref, atol=2e-2, rtol=2e-2)
 
 
-def test_profiler_and_counters_see_compiled_launches():
-    model = torch.compile(nn.Linear(8, 8).to("neuron"), backend="neuron")
+def test_profiler_and_counters_see_compiled_inline_launches():
+    model = torch.compile(nn.Linear(8, 8).to("neuron"), backend="neuron", options={"neuron.launch": "inline"})
     x = torch.randn(4, 8, device="neuron")
     model(x)  # compile outside the profile
     with neuron_lab.profiler.profile() as prof:
@@ -182,7 +219,7 @@ def test_compiled_results_take_device_memory_without_copies():
     def f(x, w):
         return (x @ w).relu(), w.t()
 
-    compiled = torch.compile(f, backend="neuron")
+    compiled = torch.compile(f, backend="neuron", options={"neuron.launch": "inline"})
     x, w = torch.randn(16, 32), torch.randn(32, 8)
     xd, wd = x.to("neuron"), w.to("neuron")
     compiled(xd, wd)  # compiles
@@ -211,7 +248,7 @@ def test_compiled_cnn_uses_onednn_scratch_memory_from_the_device():
     """oneDNN allocates scratch through the CPU allocator's raw interface: inside a
     compiled launch that memory comes from the device and goes back to it."""
     conv = nn.Conv2d(3, 16, 3).to("neuron")
-    compiled = torch.compile(conv, backend="neuron")
+    compiled = torch.compile(conv, backend="neuron", options={"neuron.launch": "inline"})
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         for _ in range(3):
@@ -227,7 +264,8 @@ def _training_step_graph_cache_counts() -> dict:
 
     torch._dynamo.reset()
     counters.clear()
-    model = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to("neuron"), backend="neuron")
+    model = torch.compile(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to("neuron"), backend="neuron",
+                          options={"neuron.launch": "inline"})
     model(torch.randn(5, 8, device="neuron")).sum().backward()
     return dict(counters["inductor"])
 
@@ -248,19 +286,20 @@ def test_compile_options_and_mode_reach_inductor():
 
     f = lambda x: (x * 2).sin()  # noqa: E731
     x = torch.randn(6, device="neuron")
-    torch.compile(f, backend="neuron")(x)  # cached on disk from here on
+    torch.compile(f, backend="neuron", options={"neuron.launch": "inline"})(x)  # cached on disk from here on
     torch._dynamo.reset()
     counters.clear()
     out = torch.compile(f, backend="neuron", options={"fx-graph-cache": False})(x)
     torch.testing.assert_close(out.cpu(), f(x.cpu()))
     assert counters["inductor"].get("fxgraph_cache_hit", 0) == 0  # the option took effect
     assert compiled_graphs()[-1]["inductor_options"] == {"fx_graph_cache": False}
+    assert compiled_graphs()[-1]["tier"] == "inline"  # Inductor options imply Inductor's inline launches
     torch._dynamo.reset()
     torch.compile(f, backend="neuron", mode="max-autotune-no-cudagraphs")(x)
     assert compiled_graphs()[-1]["inductor_options"]["max_autotune"] is True
     torch._dynamo.reset()
     torch.compile(f, backend="neuron", mode="reduce-overhead")(x)  # CUDA graphs do not apply
-    assert "triton.cudagraphs" not in compiled_graphs()[-1]["inductor_options"]
+    assert compiled_graphs()[-1]["inductor_options"] == {} and compiled_graphs()[-1]["tier"] == "async"
 
 
 def test_unknown_compile_options_and_modes_raise_clear_errors():
@@ -270,6 +309,12 @@ def test_unknown_compile_options_and_modes_raise_clear_errors():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"Unrecognized mode=fastest"):
         torch.compile(lambda t: t + 2, backend="neuron", mode="fastest")(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"options\['neuron.launch'\] is 'later'; use one of 'async', 'inline'"):
+        torch.compile(lambda t: t + 4, backend="neuron", options={"neuron.launch": "later"})(x)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"configure the inline launch's compile"):
+        torch.compile(lambda t: t + 5, backend="neuron", options={"neuron.launch": "async", "max_autotune": True})(x)
     torch._dynamo.reset()
     # Nothing was lost: the tensor and the backend still work.
     assert torch.compile(lambda t: t + 3, backend="neuron")(x).cpu().equal(x.cpu() + 3)

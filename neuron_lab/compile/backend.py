@@ -1,24 +1,33 @@
 """The ``neuron`` torch.compile backend.
 
 ``torch.compile(model, backend="neuron")`` (or ``torch.compiler.set_default_backend("neuron")``
-then ``model.compile()``): Dynamo captures the graph, AOTAutograd splits it into a
-forward and a backward graph, and each is compiled by TorchInductor *for the host*
-(the emulated NeuronCore's compute is the host CPU). At run time each compiled
-graph is one launch on the current neuron stream: it waits for the launches that
-produce its inputs, runs the compiled code over the device memory itself (CPU
-aliases, no copies) and writes its results into device memory. Code between graphs
-(graph breaks) runs in adaptive eager mode. Every graph build and recompile is
-logged with its cause and line (``neuron_lab.explain``); every launch shows in the
-profiler as ``compiled <name>``.
+then ``model.compile()``): Dynamo captures the graph and AOTAutograd splits it into a
+forward and a backward graph. Each graph then runs in one of two ways:
 
-Graphs whose shapes are symbolic (``dynamic=True``, or Dynamo's automatic dynamic
-shapes after a shape change) run their ATen ops through adaptive eager instead of
-Inductor: correct, fused and cached, and said so in the event log.
+* ``async`` (the default): the graph's ATen ops run through adaptive eager and are
+  launched together on the neuron stream when the graph ends, without waiting; the host
+  runs ahead (the loss, the backward's bookkeeping, the optimizer's Python) while the
+  device computes, as on real hardware. The graphs share adaptive eager's cache,
+  counters, profiler records and explain() causes, and once hot they are compiled by
+  TorchInductor in the background and run as compiled code where that is measured
+  faster than replay.
+* ``inline``: TorchInductor compiles the graph *for the host* (the emulated NeuronCore
+  computes on the host CPU) when it is first traced, and each call is one inline launch:
+  it waits for the launches producing its inputs, then runs the compiled code over the
+  device memory itself (CPU aliases, no copies), its results adopted as neuron tensors.
+  Chosen with ``options={"neuron.launch": "inline"}``, and implied by TorchInductor
+  options or a ``mode`` that sets some (they configure that compile).
+
+Every graph build and recompile is logged with its cause and line
+(``neuron_lab.explain``). Graphs with symbolic shapes (``dynamic=True``, or Dynamo's
+automatic dynamic shapes after a shape change) and graphs spanning several cores
+always run the async way.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import functools
 import itertools
 import threading
@@ -33,6 +42,7 @@ from neuron_lab.device import _C
 __all__ = ["neuron_backend", "compiled_graphs"]
 
 _kernels = _C.kernels
+_adaptive = _C.adaptive
 _graph_ids = itertools.count(1)
 _lock = threading.Lock()
 # Example input shapes of the last compile of each Dynamo frame: a recompile's cause.
@@ -42,7 +52,7 @@ _graphs: list[dict] = []
 
 def compiled_graphs() -> list[dict]:
     """Every graph the backend compiled: id, kind (forward / backward / inference), tier
-    (inductor, or adaptive eager for symbolic shapes), compile seconds, launches, the Inductor options it was compiled with."""
+    (``async`` or ``inline``), compile seconds (inline), launches, Inductor options."""
     with _lock:
         return [dict(g) for g in _graphs]
 
@@ -90,10 +100,15 @@ def _to_cpu_device(value: Any) -> Any:
 
 
 def _retarget_to_host(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """The same graph with every ``device=neuron`` argument on the CPU (the host runs it)."""
+    """A copy of the graph with every ``device=neuron`` argument on the CPU (the host
+    runs it); the original stays as it is, for the async tier if Inductor fails."""
+    gm = copy.deepcopy(gm)
     for node in gm.graph.nodes:
         node.args = _to_cpu_device(node.args)
         node.kwargs = _to_cpu_device(node.kwargs)
+        # Fake values of the trace are neuron tensors: Inductor traces the host graph again.
+        for key in ("val", "example_value", "tensor_meta"):
+            node.meta.pop(key, None)
     gm.recompile()
     return gm
 
@@ -144,6 +159,27 @@ def _inductor_config(mode: Optional[str] = None, options: Optional[dict] = None)
     return patches
 
 
+LAUNCH_OPTION = "neuron.launch"
+LAUNCH_KINDS = ("async", "inline")
+
+
+def _launch_and_config(mode: Optional[str], options: Optional[dict]) -> tuple[str, dict]:
+    """How graphs launch (async or inline, see the module docstring) and the Inductor
+    config patches for inline graphs."""
+    options = dict(options or {})
+    launch = options.pop(LAUNCH_OPTION, None)
+    patches = _inductor_config(mode, options)
+    if launch is None:
+        return ("inline" if patches else "async"), patches
+    if launch not in LAUNCH_KINDS:
+        raise ValueError(f"torch.compile(backend='neuron'): options[{LAUNCH_OPTION!r}] is {launch!r}; "
+                         f"use one of {', '.join(map(repr, LAUNCH_KINDS))}")
+    if launch == "async" and patches:
+        raise ValueError(f"torch.compile(backend='neuron'): TorchInductor options {sorted(patches)} configure "
+                         f"the inline launch's compile; drop them or set options[{LAUNCH_OPTION!r}] = 'inline'")
+    return launch, patches
+
+
 def _inductor_compile(gm: torch.fx.GraphModule, examples: list, config_patches: dict) -> Callable:
     # A fresh thread: none of Dynamo's tracing state (fake mode, tracing context) of
     # the caller leaks into Inductor's own compile of this host graph.
@@ -166,37 +202,59 @@ def _devices_of(examples: Sequence[Any]) -> set[int]:
     return {x.device.index or 0 for x in examples if isinstance(x, torch.Tensor) and x.device.type == "neuron"}
 
 
-def _compile_graph(kind: str, config_patches: dict, gm: torch.fx.GraphModule,
+def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Callable:
+    """The graph's ATen ops, recorded by adaptive eager and launched together on each
+    core's stream when the graph ends (boxed: AOTAutograd's arguments are freed early)."""
+
+    def run(args: list) -> Any:
+        items = list(args)
+        args.clear()
+        outputs = gm(*items)
+        del items
+        for device in devices:
+            _adaptive.flush(device, "end of a compiled graph")
+        record["launches"] += 1
+        return outputs
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.fx.GraphModule,
                    example_inputs: Sequence[Any]) -> Callable:
     graph_id = next(_graph_ids)
     name = f"compiled {kind} graph {graph_id}"
     devices = _devices_of(example_inputs)
-    record = {"id": graph_id, "kind": kind, "tier": "inductor", "compile_s": 0.0, "launches": 0,
+    record = {"id": graph_id, "kind": kind, "tier": launch_kind, "compile_s": 0.0, "launches": 0,
               "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
               "inductor_options": dict(config_patches)}
-    fallback_reason = None
+    async_reason = None
     if any(_is_symbolic(x) for x in example_inputs):
-        fallback_reason = "its shapes are symbolic (dynamic shapes): it runs through adaptive eager"
+        async_reason = "its shapes are symbolic (dynamic shapes): it runs as async launches through adaptive eager"
     elif len(devices) > 1:
-        fallback_reason = f"it uses several cores ({sorted(devices)}): it runs through adaptive eager"
-    if fallback_reason is not None:
-        record["tier"] = "adaptive eager"
+        async_reason = f"it uses several cores ({sorted(devices)}): it runs as async launches through adaptive eager"
+    elif launch_kind == "async":
+        async_reason = (f"its {record['ops']} ops run as async launches through adaptive eager (compiled by "
+                        f"TorchInductor in the background once hot); options={{'{LAUNCH_OPTION}': 'inline'}} "
+                        "compiles it with Inductor now and runs it inline")
+    if async_reason is not None:
+        record["tier"] = "async"
         with _lock:
             _graphs.append(record)
-        _log("compile", name, fallback_reason, 0.0, graph_id)
-        return gm  # ATen ops on neuron tensors: recorded and fused by adaptive eager
+        _log("compile", name, async_reason, 0.0, graph_id)
+        return _run_async(gm, record, devices)
 
     start = time.perf_counter()
     host_gm = _retarget_to_host(gm)
     try:
         compiled = _inductor_compile(host_gm, [_host_example(x) for x in example_inputs], config_patches)
     except Exception as e:
-        _log("compile_failed", name, f"Inductor failed ({type(e).__name__}: {e}); it runs through adaptive eager",
-             time.perf_counter() - start, graph_id)
-        record["tier"] = "adaptive eager (compile failed)"
+        _log("compile_failed", name, f"Inductor failed ({type(e).__name__}: {e}); it runs as async launches "
+             "through adaptive eager", time.perf_counter() - start, graph_id)
+        record["tier"] = "async (inline compile failed)"
         with _lock:
             _graphs.append(record)
-        return gm
+        return _run_async(gm, record, devices)
     seconds = time.perf_counter() - start
     record["compile_s"] = seconds
     with _lock:
@@ -235,21 +293,23 @@ def _compile_graph(kind: str, config_patches: dict, gm: torch.fx.GraphModule,
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optional[str] = None,
                    options: Optional[dict] = None) -> Callable:
-    """The Dynamo backend registered as ``"neuron"``; ``mode`` and ``options`` are
-    torch.compile's, applied to TorchInductor's host compile (see ``_inductor_config``)."""
+    """The Dynamo backend registered as ``"neuron"``. ``mode`` and ``options`` are
+    torch.compile's: ``options["neuron.launch"]`` is ``"async"`` or ``"inline"`` (see the
+    module docstring); the other options and the mode configure TorchInductor's compile
+    of inline graphs (see ``_inductor_config``)."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from neuron_lab.compile import device_interface
 
     device_interface.register()
-    config_patches = _inductor_config(mode, options)
+    launch_kind, config_patches = _launch_and_config(mode, options)
     kind, cause = _note_frame(example_inputs)
     _log(kind, f"torch.compile graph ({sum(1 for n in gm.graph.nodes if n.op == 'call_function')} ops)", cause)
     return aot_autograd(
-        fw_compiler=functools.partial(_compile_graph, "forward", config_patches),
-        bw_compiler=functools.partial(_compile_graph, "backward", config_patches),
-        inference_compiler=functools.partial(_compile_graph, "inference", config_patches),
+        fw_compiler=functools.partial(_compile_graph, "forward", launch_kind, config_patches),
+        bw_compiler=functools.partial(_compile_graph, "backward", launch_kind, config_patches),
+        inference_compiler=functools.partial(_compile_graph, "inference", launch_kind, config_patches),
         partition_fn=min_cut_rematerialization_partition,
         keep_inference_input_mutations=True,
     )(gm, example_inputs)

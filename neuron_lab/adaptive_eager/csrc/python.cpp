@@ -341,10 +341,13 @@ void register_bindings(py::module& m) {
     return true;
   });
   m.def("set_library_prefixes", [](std::vector<std::string> prefixes) { set_library_prefixes(std::move(prefixes)); });
-  m.def("flush", [](int device) {
-    py::gil_scoped_release no_gil;
-    neuron::flush_device_buffers(static_cast<c10::DeviceIndex>(device), "explicit flush");
-  });
+  m.def(
+      "flush",
+      [](int device, const std::string& reason) {
+        py::gil_scoped_release no_gil;
+        neuron::flush_device_buffers(static_cast<c10::DeviceIndex>(device), reason.c_str());
+      },
+      py::arg("device"), py::arg("reason") = "explicit flush");
   m.def("synchronize_all", [](const std::string& reason) {
     py::gil_scoped_release no_gil;
     neuron::synchronize_all(reason.c_str());
