@@ -381,3 +381,14 @@ def test_background_compiles_stay_exclusive_with_dynamo_after_a_reset():
     assert compiler._exclusive._end in callback_handler.end_callbacks
     compiler._exclusive.register()
     assert callback_handler.start_callbacks.count(compiler._exclusive._start) == 1
+
+
+def test_inductor_cpp_wrapper_compiles_inline_graphs():
+    """options={"cpp_wrapper": True} (Inductor's C++ wrapper) works for inline graphs: the
+    host copy of the graph carries no neuron fake values for Inductor to trip over."""
+    f = lambda x: (x * 2).sin() + 1  # noqa: E731
+    x = torch.randn(6, device="neuron")
+    out = torch.compile(f, backend="neuron", options={"cpp_wrapper": True})(x)
+    torch.testing.assert_close(out.cpu(), f(x.cpu()))
+    graph = compiled_graphs()[-1]
+    assert graph["tier"] == "inline" and graph["inductor_options"] == {"cpp_wrapper": True}, graph
