@@ -367,20 +367,21 @@ def test_a_background_fx_trace_does_not_patch_module_calls_on_other_threads():
 
 
 def test_background_compiles_stay_exclusive_with_dynamo_after_a_reset():
-    """torch._dynamo.reset() clears Dynamo's compile callbacks; the background compiler
-    registers its lock again, or its traces and a torch.compile overlap (and fail)."""
+    """torch._dynamo.reset() clears Dynamo's compile callbacks, possibly while a background
+    compile runs: the background compiler's lock must stay registered, or that compile
+    and the next torch.compile overlap (and AOTAutograd fails)."""
     from torch._dynamo.callback import callback_handler
 
     from neuron_lab.adaptive_eager import compiler
 
     compiler._exclusive.register()
     torch._dynamo.reset()
-    assert compiler._exclusive._start not in callback_handler.start_callbacks
-    compiler._exclusive.register()  # what the background compiler does before each compile
     assert compiler._exclusive._start in callback_handler.start_callbacks
     assert compiler._exclusive._end in callback_handler.end_callbacks
-    compiler._exclusive.register()
+    compiler._exclusive.register()  # what the background compiler does before each compile
+    torch._dynamo.reset()
     assert callback_handler.start_callbacks.count(compiler._exclusive._start) == 1
+    assert callback_handler.end_callbacks.count(compiler._exclusive._end) == 1
 
 
 def test_inductor_cpp_wrapper_compiles_inline_graphs():

@@ -259,14 +259,26 @@ class _ExclusiveWithDynamo:
             self.lock.release()
 
     def register(self) -> None:
-        """Hooks into Dynamo (imported here, in the background, on first use), and again
-        after ``torch._dynamo.reset()``, which clears Dynamo's compile callbacks."""
+        """Hooks into Dynamo (imported here, in the background, on first use). The hooks
+        survive ``torch._dynamo.reset()``, which clears Dynamo's compile callbacks: a
+        reset while a background compile runs would otherwise let the next torch.compile
+        overlap it."""
         from torch._dynamo.callback import callback_handler
 
         if self._start in callback_handler.start_callbacks:
             return
         callback_handler.register_start_callback(self._start)
         callback_handler.register_end_callback(self._end)
+        if not getattr(callback_handler.clear, "_neuron_lab", False):
+            clear = callback_handler.clear
+
+            def clear_keeping_the_lock() -> None:
+                clear()
+                callback_handler.register_start_callback(self._start)
+                callback_handler.register_end_callback(self._end)
+
+            clear_keeping_the_lock._neuron_lab = True  # type: ignore[attr-defined]
+            callback_handler.clear = clear_keeping_the_lock
         # A torch.compile already under way did not take the lock: let it finish first.
         pending = "_CompilationCallbackHandler__pending_callbacks_counter"
         while getattr(callback_handler, pending, 0) > 0 and not self._dynamo_holds:
