@@ -265,17 +265,19 @@ class _ExclusiveWithDynamo:
         overlap it."""
         from torch._dynamo.callback import callback_handler
 
+        def add_hooks() -> None:
+            callback_handler.register_start_callback(self._start)
+            callback_handler.register_end_callback(self._end)
+
         if self._start in callback_handler.start_callbacks:
             return
-        callback_handler.register_start_callback(self._start)
-        callback_handler.register_end_callback(self._end)
+        add_hooks()
         if not getattr(callback_handler.clear, "_neuron_lab", False):
             clear = callback_handler.clear
 
             def clear_keeping_the_lock() -> None:
                 clear()
-                callback_handler.register_start_callback(self._start)
-                callback_handler.register_end_callback(self._end)
+                add_hooks()
 
             clear_keeping_the_lock._neuron_lab = True  # type: ignore[attr-defined]
             callback_handler.clear = clear_keeping_the_lock
