@@ -393,3 +393,33 @@ def test_inductor_cpp_wrapper_compiles_inline_graphs():
     torch.testing.assert_close(out.cpu(), f(x.cpu()))
     graph = compiled_graphs()[-1]
     assert graph["tier"] == "inline" and graph["inductor_options"] == {"cpp_wrapper": True}, graph
+
+
+def test_async_graphs_keep_input_mutations_and_random_ops_eager_exact():
+    """BatchNorm's running statistics are input mutations in AOTAutograd's graph: with
+    async launches they land in the module's buffers as in eager mode, and eval mode
+    recompiles to use them. Dropout draws from the neuron generator: seeded, it repeats."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+    ref, dev = copy.deepcopy(model), copy.deepcopy(model).to("neuron")
+    compiled = torch.compile(dev, backend="neuron")
+    for _ in range(3):
+        x = torch.randn(32, 8)
+        ref(x).sum().backward()
+        compiled(x.to("neuron")).sum().backward()
+    torch.testing.assert_close(dev[1].running_mean.cpu(), ref[1].running_mean)
+    torch.testing.assert_close(dev[1].running_var.cpu(), ref[1].running_var)
+    assert dev[1].num_batches_tracked.item() == 3
+    torch.testing.assert_close(dev[0].weight.grad.cpu(), ref[0].weight.grad, atol=1e-4, rtol=1e-4)
+    dev.eval(), ref.eval()
+    torch.testing.assert_close(compiled(x.to("neuron")).cpu(), ref(x), atol=1e-5, rtol=1e-5)
+
+    before = len(compiled_graphs())
+    dropout = torch.compile(lambda t: nn.functional.dropout(t, 0.5), backend="neuron")
+    x = torch.ones(64, device="neuron")
+    torch.manual_seed(1)
+    first = dropout(x).cpu()
+    torch.manual_seed(1)
+    assert torch.equal(dropout(x).cpu(), first)
+    assert 0 < (first == 0).sum() < 64 and set(first.unique().tolist()) <= {0.0, 2.0}
+    assert [g["tier"] for g in compiled_graphs()[before:]] == ["async"]  # one inference graph
