@@ -330,12 +330,13 @@ def step_inputs(device: str):
     return [leaf(x.to(device)), leaf(w.to(device)), leaf(proj.to(device)), target.to(device)]
 
 
-def check_compiled_step(backend: str, device: str) -> None:
+def check_compiled_step(backend: str, device: str, options: dict | None = None) -> None:
     torch._dynamo.reset()
     ref_args, args = step_inputs(device), step_inputs(device)
     ref = compiled_step(*ref_args)
     ref.backward()
-    loss = torch.compile(compiled_step, backend=backend, fullgraph=True)(*args)  # fullgraph: no graph breaks
+    compiled = torch.compile(compiled_step, backend=backend, fullgraph=True, options=options)  # no graph breaks
+    loss = compiled(*args)
     loss.backward()
     torch.testing.assert_close(loss.detach().cpu(), ref.detach().cpu())
     for a, r in zip(args[:3], ref_args[:3]):
@@ -351,7 +352,10 @@ def test_compile_with_inductor_on_cpu_without_graph_breaks():
     check_compiled_step("inductor", "cpu")
 
 
-def test_compile_with_the_neuron_backend():
-    if "neuron" not in torch.compiler.list_backends():
-        pytest.skip('the torch.compile backend "neuron" is not registered yet (neuron_lab/compile)')
-    check_compiled_step("neuron", "neuron")
+@pytest.mark.parametrize("launch", ["async", "inline"])
+def test_compile_with_the_neuron_backend(launch):
+    from neuron_lab.compile import compiled_graphs
+
+    before = len(compiled_graphs())
+    check_compiled_step("neuron", "neuron", {"neuron.launch": launch})
+    assert [g["tier"] for g in compiled_graphs()[before:]] == [launch, launch]  # forward and backward
