@@ -7,8 +7,8 @@ medians, ratios the median of each repeat's paired ratio (the blocks of one repe
 back to back, so the machine's drift cancels); each block ends with a device synchronize,
 so neuron's queued work is counted in its own block. The first step's time (compile
 included) is reported separately. One thread.
-``--options '{"cpp_wrapper": true}'`` gives both torch.compile configurations the same
-TorchInductor options.
+``--options '{"cpp_wrapper": true}'`` gives every torch.compile configuration the same
+TorchInductor options (which make both neuron configurations inline launches).
 Configurations: CPU eager, CPU compile (inductor), neuron compile (the default async launches) and
 neuron inline (options={"neuron.launch": "inline"}: Inductor code run inline).
 Usage: .venv/bin/python benchmarks/bench_compile.py [--repeats N] [--steps N] [--options JSON]
@@ -72,7 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--steps", type=int, default=40, help="steps per timed block")
-    parser.add_argument("--options", type=json.loads, default={}, help="TorchInductor options (JSON) for both compiles")
+    parser.add_argument("--options", type=json.loads, default={}, help="TorchInductor options (JSON) for every compile")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, repeats {args.repeats} x {args.steps} steps, "
