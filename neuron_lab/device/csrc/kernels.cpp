@@ -303,6 +303,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   return {to_device(gi, device), to_device(gw, device), to_device(gb, device)};
 }
 
+// ---- module conversion: Parameters keep their identity ---------------------------
+// nn.Module._apply and `param.data = t` swap a tensor's data in place (so tied
+// weights, optimizers built before the move, lazy modules and parameter attributes
+// survive) only when PyTorch calls the old and new tensors shallow-copy compatible.
+// It does for dense CPU and CUDA tensors, not for PrivateUse1. A neuron tensor is a
+// plain strided TensorImpl over host memory, as a CUDA tensor is over its memory,
+// so CPU <-> neuron swaps are as safe as CPU <-> CUDA ones: they get CUDA's answer.
+bool is_plain_dense(const at::Tensor& t) {
+  const auto keys = t.key_set();
+  return t.layout() == c10::kStrided && keys.has(c10::DispatchKey::Dense) &&
+         !keys.has_any(c10::python_ks) && (t.device().type() == c10::kCPU || t.device().type() == kNeuron);
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  return is_plain_dense(self) && is_plain_dense(from);
+}
+
 // ---- scaled dot-product attention: pick the backend the CPU would pick ---------
 // Without a choice for PrivateUse1, PyTorch takes the unfused math path; with
 // the CPU's choice, the fused CPU kernel runs on device memory (fallback).
@@ -393,6 +411,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("convolution_overrideable", TORCH_FN(convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
   for (const char* name : {"transpose_", "t_", "squeeze_", "squeeze_.dim", "squeeze_.dims", "unsqueeze_",
