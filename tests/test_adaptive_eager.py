@@ -359,6 +359,31 @@ def test_ops_recorded_after_a_failing_op_are_not_silently_wrong() -> None:
     assert torch.equal(value, torch.full((4,), 3.0))
 
 
+def test_a_meta_kernel_that_mispredicts_a_shape_raises_then_the_op_runs_inline() -> None:
+    """A recorded result takes its shape from the op's meta kernel. Where the CPU kernel
+    disagrees, the result is never silently broadcast into the wrong shape: the read
+    raises, and from then on the op runs inline with the CPU's shape."""
+    lib = torch.library.Library("neuron_test_lying_meta", "DEF")
+    lib.define("total(Tensor x) -> Tensor")
+    lib.impl("total", lambda x: x.sum(), "CPU")
+    lib.impl("total", lambda x: x.new_empty([1]), "Meta")  # wrong: the CPU gives a 0-dim result
+    x = torch.ones(3, device="neuron")
+    y = torch.ops.neuron_test_lying_meta.total(x)
+    with pytest.raises(RuntimeError, match=r"CPU kernel returned Float\[\], but its meta kernel.*said Float\[1\]"):
+        y.cpu()
+    again = torch.ops.neuron_test_lying_meta.total(x)
+    assert again.shape == () and again.item() == 3.0
+    assert ae.counters()["inline_by_op"].get("neuron_test_lying_meta::total", 0) >= 1
+
+
+def test_multilabel_margin_loss_of_a_vector_has_the_cpus_shape() -> None:
+    x, target = torch.randn(4), torch.tensor([3, 0, -1, 1])
+    expected = torch.nn.functional.multilabel_margin_loss(x, target, reduction="none")
+    actual = torch.nn.functional.multilabel_margin_loss(x.to("neuron"), target.to("neuron"), reduction="none")
+    assert actual.shape == expected.shape == ()
+    assert torch.equal(actual.cpu(), expected)
+
+
 def test_blocking_mode_raises_at_the_op() -> None:
     x = torch.randn(4, 5, device="neuron")
     bad = torch.tensor([0, 9], device="neuron")

@@ -71,6 +71,9 @@ Counters& counters();
 // Records the op on the stack if the current mode and the op allow it; returns
 // false when the caller must run it inline (after prepare_inline).
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// From now on the op runs inline, for the given reason (its meta kernel was found to
+// predict other result shapes than its CPU kernel gives).
+void never_record(const c10::OperatorHandle& op, const std::string& why);
 // Before an op runs inline on the caller's thread: launches what is buffered
 // and waits for every launch that uses the given tensors' memory.
 void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason);

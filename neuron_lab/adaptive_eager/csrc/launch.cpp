@@ -433,13 +433,28 @@ struct Launch {
       r.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
       // Fresh results: copied into the memory the recorder gave them.
       size_t next = 0;
+      auto adopt = [&](const at::Tensor& result) {
+        const auto& out = r.outputs[next++];
+        if (result.sizes() != out.sizes() || result.scalar_type() != out.scalar_type()) {
+          // The meta kernel that gave the result its metadata disagrees with the CPU
+          // kernel: the tensor the program holds has the wrong shape. Never silently.
+          std::ostringstream why;
+          why << r.op.schema().operator_name() << "'s CPU kernel returned " << result.scalar_type()
+              << result.sizes() << ", but its meta kernel, which gave the recorded result its shape, said "
+              << out.scalar_type() << out.sizes();
+          never_record(r.op, "its meta kernel gave another result shape than its CPU kernel");
+          TORCH_CHECK(false, "neuron: ", why.str(), ". The result was not computed; this op now runs "
+                      "inline, so running the code again gives the right result.");
+        }
+        host(out).copy_(result);
+      };
       for (size_t i = 0; i < r.cls->return_arg.size(); ++i) {
         if (r.cls->return_arg[i] >= 0) continue;
         const auto& v = stack[i];
         if (v.isTensor()) {
-          host(r.outputs[next++]).copy_(v.toTensor());
+          adopt(v.toTensor());
         } else {
-          for (const at::Tensor& t : v.toTensorList()) host(r.outputs[next++]).copy_(t);
+          for (const at::Tensor& t : v.toTensorList()) adopt(t);
         }
       }
     } catch (c10::Error& e) {

@@ -113,10 +113,12 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   // Their meta kernels give other shapes than the CPU kernels for some inputs
   // (batch norm's saved statistics in eval mode, FFTs' onesided lengths,
   // embedding_bag's offsets buffers).
+  // multilabel_margin_loss's for 1-d inputs: [1] where the CPU gives [].
   for (const char* name : {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
                            "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
                            "aten::_batch_norm_no_update", "aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c",
-                           "aten::_embedding_bag", "aten::_embedding_bag_forward_only"}) {
+                           "aten::_embedding_bag", "aten::_embedding_bag_forward_only",
+                           "aten::multilabel_margin_loss_forward"}) {
     if (schema.name() == name) return refuse("its meta kernel does not match its CPU kernel");
   }
   const auto& args = schema.arguments();
@@ -150,15 +152,44 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   return c;
 }
 
-const OpClass& classify(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
-  static auto* cache = new std::unordered_map<const void*, OpClass>();
-  const void* key = &op.schema();
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache->find(key);
-  if (it != cache->end()) return it->second;
-  return cache->emplace(key, classify_uncached(op)).first->second;
+// Classes are immutable once made: queued records point at them. An op found
+// unrecordable while running (never_record) gets a second, refusing class that
+// classify() returns from then on.
+std::mutex g_classes_mutex;
+std::atomic<size_t> g_demoted_count{0};
+std::unordered_map<const void*, OpClass>& op_classes() {
+  static auto* classes = new std::unordered_map<const void*, OpClass>();
+  return *classes;
 }
+std::unordered_map<const void*, OpClass>& demoted_classes() {
+  static auto* classes = new std::unordered_map<const void*, OpClass>();
+  return *classes;
+}
+
+const OpClass& classify(const c10::OperatorHandle& op) {
+  const void* key = &op.schema();
+  std::lock_guard<std::mutex> lock(g_classes_mutex);
+  if (g_demoted_count.load(std::memory_order_relaxed) > 0) {
+    auto it = demoted_classes().find(key);
+    if (it != demoted_classes().end()) return it->second;
+  }
+  auto& classes = op_classes();
+  auto it = classes.find(key);
+  if (it != classes.end()) return it->second;
+  return classes.emplace(key, classify_uncached(op)).first->second;
+}
+
+}  // namespace
+
+void never_record(const c10::OperatorHandle& op, const std::string& why) {
+  std::lock_guard<std::mutex> lock(g_classes_mutex);
+  OpClass refused;
+  refused.why_not = why;
+  demoted_classes().try_emplace(&op.schema(), std::move(refused));
+  g_demoted_count = demoted_classes().size();
+}
+
+namespace {
 
 // ---- output metadata from the meta kernel, cached per call signature -------------------
 
