@@ -642,16 +642,38 @@ def test_a_process_with_pending_work_exits_cleanly(fresh_process) -> None:
     assert "Traceback" not in fresh_process.stderr, fresh_process.stderr[-2000:]
 
 
-def test_hot_graph_is_compiled_and_matches_the_cpu() -> None:
-    """The compiled tier: a graph seen compile_after times is compiled in the background,
-    then runs as compiled code, with results that match the CPU (in-place ops and a view
-    included; intermediates dead, one result kept, one input updated in place)."""
-    neuron_lab.configure(compile_after=2)
+def _hot_step(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    y = torch.sin(x) * 1.5 + torch.cos(x) * 0.25
+    acc[1:].add_(y[1:] * 0.5)  # in place, through a view of an input
+    return (y * y).relu() - 0.125
 
-    def step(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-        y = torch.sin(x) * 1.5 + torch.cos(x) * 0.25
-        acc[1:].add_(y[1:] * 0.5)  # in place, through a view of an input
-        return (y * y).relu() - 0.125
+
+def test_by_default_hot_graphs_replay_with_eager_numbers() -> None:
+    """The default mode gives eager mode's numbers bit for bit, in every run: graphs of
+    eager code are not compiled (compiled code would round differently, and take over
+    whenever its background compile finished)."""
+    assert ae.policy()["compile"] is False
+    neuron_lab.configure(compile_after=2)
+    x_cpu = torch.randn(4096)
+    acc_cpu = torch.zeros(4096)
+    x, acc = x_cpu.to("neuron"), acc_cpu.to("neuron")
+    for _ in range(8):
+        out = _hot_step(x, acc)
+        expected = _hot_step(x_cpu, acc_cpu)
+        torch.neuron.synchronize()
+        assert torch.equal(out.cpu(), expected) and torch.equal(acc.cpu(), acc_cpu)
+    counters = ae.counters()
+    assert counters["compiles_requested"] == 0 and counters["compiled_launches"] == 0, counters
+    assert counters["cache_hits"] >= 6
+
+
+def test_hot_graph_is_compiled_and_matches_the_cpu() -> None:
+    """The compiled tier, when asked for: a graph seen compile_after times is compiled in
+    the background, then runs as compiled code, with results that match the CPU (in-place
+    ops and a view included; intermediates dead, one result kept, one input updated in
+    place)."""
+    neuron_lab.configure(compile_after=2, compile=True)
+    step = _hot_step
 
     x_cpu = torch.randn(4096)
     acc_cpu = torch.zeros(4096)

@@ -78,7 +78,13 @@ def configure(
         cached graph starts the same way (default 1 MiB).
     compile_after: launches of one graph before it is compiled with TorchInductor
         in the background (default 10; ``NEURON_LAB_COMPILE_AFTER``).
-    compile: the compiled tier at all (``NEURON_LAB_COMPILE=0`` turns it off).
+    compile: the compiled tier for graphs of eager code (default False;
+        ``NEURON_LAB_COMPILE=1`` turns it on). Compiled code is faster for long
+        elementwise chains but rounds differently from the CPU kernels: results change
+        in the last bits, and from run to run with the moment a background compile
+        finishes. Off, the default mode gives eager mode's numbers bit for bit. Graphs of
+        ``torch.compile(backend="neuron")`` code compile whatever this says: their user
+        asked for compiled code.
     capture_source: record each op's user source line (for errors and the profiler).
     """
     current = _native.policy()

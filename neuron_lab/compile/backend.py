@@ -209,7 +209,11 @@ def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Cal
     def run(args: list) -> Any:
         items = list(args)
         args.clear()
-        outputs = gm(*items)
+        previous = _adaptive.set_recording_torch_compile_graph(True)  # its graphs may compile
+        try:
+            outputs = gm(*items)
+        finally:
+            _adaptive.set_recording_torch_compile_graph(previous)
         del items
         for device in devices:
             _adaptive.flush(device, "end of a compiled graph")

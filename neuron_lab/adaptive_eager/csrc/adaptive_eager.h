@@ -46,7 +46,12 @@ struct Policy {
   std::atomic<int64_t> max_ops{256};             // a graph never holds more ops
   std::atomic<int64_t> idle_flush_bytes{1 << 20};  // an idle device gets this much work at once
   std::atomic<int64_t> compile_after{10};        // launches of a graph before it is compiled
-  std::atomic<bool> compile{true};               // the compiled tier at all
+  // The compiled tier for graphs of eager code. Off by default: TorchInductor's code
+  // rounds differently from the CPU kernels, so results would change in the last bits,
+  // and from run to run, with the moment its background compile finishes. Graphs of
+  // torch.compile(backend="neuron") code (whose user asked for compiled numerics) may
+  // always compile.
+  std::atomic<bool> compile{false};
   std::atomic<bool> capture_source{true};        // user source line per op
 };
 Policy& policy();
@@ -120,7 +125,13 @@ struct Record {
   SourceLoc source;
   bool random = false;       // draws from a generator
   bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
+  bool in_torch_compile_graph = false;  // recorded while a torch.compile graph ran
 };
+
+// While set on a thread, the ops it records belong to a graph of torch.compile'd code
+// (the neuron backend's async launches): their graphs may compile whatever the policy.
+// Returns the previous value.
+bool set_recording_torch_compile_graph(bool on);
 
 // One memory (storage) a launch uses.
 struct StorageUse {
@@ -139,6 +150,7 @@ struct Graph {
   int64_t id = 0;
   std::vector<int64_t> key;
   int64_t n_ops = 0;
+  bool from_torch_compile = false;  // every op came from a torch.compile graph (see Policy::compile)
   std::string first_op, source, flush_reason, note;
   std::vector<std::string> signature;  // per op: name and inputs, to explain the next graph's cause
   std::string cause;                   // why it was built (what differed from the closest cached graph)

@@ -16,6 +16,7 @@
 #include <Python.h>
 #include <c10/core/impl/PyObjectSlot.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <cstring>
@@ -710,6 +711,8 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       g->first_op = l->records.front().op.schema().operator_name().name;
       g->source = describe_source(l->records.front().source);
       g->flush_reason = reason;
+      g->from_torch_compile = std::all_of(l->records.begin(), l->records.end(),
+                                          [](const Record& r) { return r.in_torch_compile_graph; });
       const char* why = key.uncompilable;
       for (const auto& r : l->records) {
         if (why != nullptr) break;
@@ -748,8 +751,8 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       int compiled = Graph::Compiled;  // stale constants: recompile once the scalars settle
       if (g.state.compare_exchange_strong(compiled, Graph::Cold)) c.compiled_stale.fetch_add(1);
     }
-    if (g.runs_with_these_scalars >= policy().compile_after.load() && policy().compile.load() &&
-        g.state.load() == Graph::Cold) {
+    if (g.runs_with_these_scalars >= policy().compile_after.load() &&
+        (policy().compile.load() || g.from_torch_compile) && g.state.load() == Graph::Cold) {
       g.compiled_scalars = g.scalars;
       compile_me = l->graph;
     }

@@ -340,6 +340,8 @@ void register_bindings(py::module& m) {
     g->state = Graph::Compiled;
     return true;
   });
+  m.def("set_recording_torch_compile_graph", [](bool on) { return set_recording_torch_compile_graph(on); },
+        "Marks the ops this thread records as a torch.compile graph's; returns the previous value.");
   m.def("set_library_prefixes", [](std::vector<std::string> prefixes) { set_library_prefixes(std::move(prefixes)); });
   m.def(
       "flush",

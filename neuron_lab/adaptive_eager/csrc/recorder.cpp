@@ -523,6 +523,7 @@ void scan_tensor(Scan& scan, const at::Tensor& t, bool write, bool out_arg) {
 }  // namespace
 
 namespace {
+thread_local bool tl_in_torch_compile_graph = false;  // see set_recording_torch_compile_graph
 // Why the last op this thread could not record runs inline (for explain()).
 thread_local const char* tl_inline_why = nullptr;
 thread_local const std::string* tl_inline_why_string = nullptr;
@@ -632,6 +633,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   if (policy().capture_source.load(std::memory_order_relaxed)) r.source = capture_source();
+  r.in_torch_compile_graph = tl_in_torch_compile_graph;
   tl_fresh.fill(nullptr);
   counters().ops_recorded.fetch_add(1, std::memory_order_relaxed);
 
@@ -666,6 +668,12 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!b.first_known) flush_locked(b, s, "device idle");
   }
   return true;
+}
+
+bool set_recording_torch_compile_graph(bool on) {
+  const bool previous = tl_in_torch_compile_graph;
+  tl_in_torch_compile_graph = on;
+  return previous;
 }
 
 void note_sync(const char* reason) { counters().count_sync(reason); }
