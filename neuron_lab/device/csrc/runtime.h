@@ -6,6 +6,7 @@
 //   generator.cpp  per-core random number generators
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
+//   cuda_parity.cpp  ops CUDA runs for more dtypes than the CPU kernels (integer histc)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   bindings.cpp   the Python module `neuron_lab.device._C`
