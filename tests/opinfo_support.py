@@ -32,45 +32,46 @@ Each side is seeded with ``torch.manual_seed(0)`` right before each call (this
 seeds the neuron generators too, which draw the same numbers as the CPU), so
 random ops are compared exactly.
 
-Ops run in a worker subprocess (:class:`OpRunner`) so that an op that crashes
-the process (segfault, abort) or hangs is reported as such, and the run goes on
-with a fresh worker. ``NEURON_OPINFO_INPROCESS=1`` runs in the calling process
-instead (for debugging).
+Ops run in a worker subprocess (``isolated.CaseRunner``) so that an op that
+crashes the process (segfault, abort) or hangs is reported as such, and the run
+goes on with a fresh worker. ``NEURON_TEST_INPROCESS=1`` runs in the calling
+process instead (for debugging). Inputs move and results compare through
+``parity``, shared with the module and optimizer suites.
 
 Environment variables:
 
 * ``NEURON_OPINFO_SAMPLES``: samples per op (default 2; ``0`` or ``all``: all).
-* ``NEURON_OPINFO_TIMEOUT``: seconds one op may take before its worker is killed
+* ``NEURON_TEST_TIMEOUT``: seconds one op may take before its worker is killed
   (default 300).
-* ``NEURON_OPINFO_INPROCESS``: ``1`` to run ops in this process.
+* ``NEURON_TEST_INPROCESS``: ``1`` to run ops in this process.
 
 Run one op by hand: ``python tests/opinfo_support.py --op nn.functional.conv2d``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)
+
+from isolated import REPO_ROOT, CaseResult, make_runner as _make_runner, serve  # noqa: E402
+from parity import (  # noqa: E402
+    CALL_SEED, DEVICE, Mismatch, compare, describe, flatten, grad_roots, move, run_pair, seeded, tensor_devices,
+    total_loss,
+)
+
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-DEVICE = "neuron"
-CALL_SEED = 0  # torch.manual_seed before each side's call
 DEFAULT_SAMPLES = 2
-DEFAULT_TIMEOUT = 300.0
 
 # Ops that are not applicable to the neuron device or to this harness, keyed by
 # test id (op.name, plus "." + variant_test_name when there is one). Each one is
@@ -91,28 +92,6 @@ EXCLUSIONS: dict[str, str] = {
     "broadcast_shapes": "takes only shapes (ints/tuples) and returns a torch.Size: no tensor and "
     "no device argument, so no sample can involve the neuron device",
 }
-
-
-@dataclass
-class OpResult:
-    """The outcome of one OpInfo on the neuron device."""
-
-    op_id: str
-    status: str  # passed | failed | skipped | excluded | crashed | timeout | error
-    message: str = ""  # first failure (one paragraph), or the skip reason
-    samples: int = 0  # samples run
-    checks: dict[str, int] = field(default_factory=dict)  # checks that ran, by kind
-    failures: list[str] = field(default_factory=list)  # every failing check, one line each
-    seconds: float = 0.0
-
-    @property
-    def first_line(self) -> str:
-        return self.message.strip().splitlines()[0] if self.message.strip() else ""
-
-
-# ---------------------------------------------------------------------------------
-# The op database
-# ---------------------------------------------------------------------------------
 
 
 def op_id(op: Any) -> str:
@@ -159,87 +138,9 @@ def samples_from_env() -> Optional[int]:
     return max(1, int(raw))
 
 
-def timeout_from_env() -> float:
-    return float(os.environ.get("NEURON_OPINFO_TIMEOUT", DEFAULT_TIMEOUT))
-
-
 # ---------------------------------------------------------------------------------
 # Moving samples between devices
 # ---------------------------------------------------------------------------------
-
-
-def _is_dense(t: Any) -> bool:
-    from torch._prims_common import is_non_overlapping_and_dense_or_false
-
-    return bool(is_non_overlapping_and_dense_or_false(t))
-
-
-def _copy_tensor(t: Any, device: str, keep_grad: bool) -> Any:
-    """A fresh leaf copy of ``t`` on ``device`` with the same sizes, strides and offset."""
-    import torch
-
-    requires_grad = keep_grad and t.requires_grad
-    src = t.detach()
-    if src.layout != torch.strided or src.numel() == 0 or _is_dense(src):
-        out = src.to(device, copy=True)  # preserve_format keeps dense strides
-    else:
-        # Overlapping or gappy views (expand, slicing with steps): copy the whole
-        # storage and rebuild the same view over it.
-        itemsize = src.element_size()
-        nbytes = src.untyped_storage().nbytes()
-        if nbytes % itemsize:
-            out = src.to(device, copy=True)
-        else:
-            base = src.new_empty(0).set_(src.untyped_storage(), 0, (nbytes // itemsize,), (1,))
-            out = base.to(device, copy=True).as_strided(src.size(), src.stride(), src.storage_offset())
-    if requires_grad:
-        out.requires_grad_(True)
-    return out
-
-
-def _move(value: Any, device: str, keep_grad: bool, placement: Optional[Iterator[str]] = None) -> Any:
-    """Copies every tensor in a (nested) value onto ``device``; ``"cpu"`` devices become ``device``.
-
-    ``placement`` (one device type per tensor, in walk order) overrides the target
-    of each tensor: a tensor whose template is not on ``device`` stays where it is.
-    """
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        target = device
-        if placement is not None:
-            where = next(placement)
-            if where != torch.device(device).type:
-                target = str(value.device)
-        return _copy_tensor(value, target, keep_grad)
-    if isinstance(value, torch.device):
-        return torch.device(device) if value.type == "cpu" else value
-    if isinstance(value, str) and value == "cpu":
-        return device
-    if isinstance(value, torch.Generator):
-        gen = torch.Generator(device=device)
-        gen.set_state(value.get_state())
-        return gen
-    if isinstance(value, list):
-        return [_move(v, device, keep_grad, placement) for v in value]
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_move(v, device, keep_grad, placement) for v in value)
-    if isinstance(value, dict):
-        return {k: _move(v, device, keep_grad, placement) for k, v in value.items()}
-    return value
-
-
-def _tensor_devices(value: Any) -> list[str]:
-    """The device type of every tensor in a (nested) value, in ``_move``'s walk order."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [value.device.type]
-    if isinstance(value, list) or (isinstance(value, tuple) and not hasattr(value, "_fields")):
-        return [d for v in value for d in _tensor_devices(v)]
-    if isinstance(value, dict):
-        return [d for v in value.values() for d in _tensor_devices(v)]
-    return []
 
 
 @dataclass
@@ -251,12 +152,12 @@ class Call:
 
 def move_sample(sample: Any, device: str, keep_grad: bool = True,
                 placement: Optional[list[str]] = None) -> Call:
-    """Fresh copies of a sample's tensors on ``device`` (see ``_move``)."""
+    """Fresh copies of a sample's tensors on ``device`` (see ``parity.move``)."""
     it = iter(placement) if placement is not None else None
     return Call(
-        _move(sample.input, device, keep_grad, it),
-        _move(sample.args, device, keep_grad, it),
-        _move(sample.kwargs, device, keep_grad, it),
+        move(sample.input, device, keep_grad, it),
+        move(sample.args, device, keep_grad, it),
+        move(sample.kwargs, device, keep_grad, it),
     )
 
 
@@ -285,8 +186,8 @@ def samples_with_placement(op: Any, requires_grad: bool) -> Iterator[tuple[Any, 
         if dev_it is not None:
             try:
                 tmpl = next(dev_it)
-                got = _tensor_devices((tmpl.input, tmpl.args, tmpl.kwargs))
-                if len(got) == len(_tensor_devices((sample.input, sample.args, sample.kwargs))):
+                got = tensor_devices((tmpl.input, tmpl.args, tmpl.kwargs))
+                if len(got) == len(tensor_devices((sample.input, sample.args, sample.kwargs))):
                     where = got
             except Exception:
                 dev_it = None
@@ -298,7 +199,7 @@ def _touches_device(call: Call) -> bool:
     import torch
 
     kind = torch.device(DEVICE).type
-    for v in _flatten((call.input, call.args, call.kwargs)):
+    for v in flatten((call.input, call.args, call.kwargs)):
         if isinstance(v, torch.Tensor) and v.device.type == kind:
             return True
         if isinstance(v, torch.device) and v.type == kind:
@@ -308,114 +209,12 @@ def _touches_device(call: Call) -> bool:
     return False
 
 
-def _flatten(value: Any) -> Iterator[Any]:
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            yield from _flatten(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _flatten(v)
-    else:
-        yield value
-
-
-# ---------------------------------------------------------------------------------
-# Comparing results
-# ---------------------------------------------------------------------------------
-
-
-class Mismatch(AssertionError):
-    pass
-
-
-def compare(expected: Any, actual: Any, *, metadata_only: bool = False, path: str = "result") -> None:
-    """Checks a neuron result against the CPU result; raises Mismatch on a difference."""
-    import torch
-
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor):
-            raise Mismatch(f"{path}: expected a tensor, got {type(actual).__name__}: {actual!r}"[:500])
-        if expected.device.type == "cpu" and actual.device.type != DEVICE:
-            raise Mismatch(f"{path}: result is on {actual.device}, expected the {DEVICE} device")
-        if expected.requires_grad != actual.requires_grad:
-            raise Mismatch(
-                f"{path}: requires_grad={actual.requires_grad} on {DEVICE}, {expected.requires_grad} on cpu"
-            )
-        if expected.layout != actual.layout:
-            raise Mismatch(f"{path}: layout {actual.layout} on {DEVICE}, {expected.layout} on cpu")
-        if expected.dtype != actual.dtype or expected.shape != actual.shape:
-            raise Mismatch(
-                f"{path}: {actual.dtype}{list(actual.shape)} on {DEVICE}, "
-                f"{expected.dtype}{list(expected.shape)} on cpu"
-            )
-        if metadata_only:
-            if expected.layout == torch.strided and expected.stride() != actual.stride():
-                raise Mismatch(f"{path}: strides {actual.stride()} on {DEVICE}, {expected.stride()} on cpu")
-            return
-        try:
-            torch.testing.assert_close(
-                actual.detach().cpu(), expected.detach(), equal_nan=True, check_device=False
-            )
-        except AssertionError as e:
-            # One line: "Tensor-likes are not close!; Mismatched elements: ...; Greatest ..."
-            text = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-            raise Mismatch(f"{path}: {text}") from None
-        return
-    if isinstance(expected, (list, tuple)):
-        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
-            raise Mismatch(
-                f"{path}: expected a {type(expected).__name__} of {len(expected)}, got "
-                f"{type(actual).__name__}{'' if not isinstance(actual, (list, tuple)) else ' of ' + str(len(actual))}"
-            )
-        for i, (e, a) in enumerate(zip(expected, actual)):
-            compare(e, a, metadata_only=metadata_only, path=f"{path}[{i}]")
-        return
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
-            raise Mismatch(f"{path}: expected a dict with keys {sorted(expected)}, got {actual!r}"[:500])
-        for k in expected:
-            compare(expected[k], actual[k], metadata_only=metadata_only, path=f"{path}[{k!r}]")
-        return
-    if isinstance(actual, torch.Tensor):
-        raise Mismatch(f"{path}: expected {type(expected).__name__} {expected!r}, got a tensor")
-    if isinstance(expected, float) and isinstance(actual, (float, int)):
-        if math.isnan(expected) and math.isnan(actual):
-            return
-        if metadata_only:
-            return
-        if not math.isclose(expected, actual, rel_tol=1.3e-6, abs_tol=1e-5):
-            raise Mismatch(f"{path}: {actual!r} on {DEVICE}, {expected!r} on cpu")
-        return
-    if expected != actual:
-        raise Mismatch(f"{path}: {actual!r} on {DEVICE}, {expected!r} on cpu"[:500])
-
-
-def _grad_roots(out: Any) -> list[Any]:
-    import torch
-
-    return [
-        t
-        for t in _flatten(out)
-        if isinstance(t, torch.Tensor) and t.requires_grad and (t.is_floating_point() or t.is_complex())
-    ]
-
-
-def _loss(roots: list[Any]) -> Any:
-    total = None
-    for t in roots:
-        s = t.sum()
-        if s.is_complex():
-            s = s.real + s.imag
-        total = s if total is None else total + s
-    return total
-
-
 def _leaves(call: Call) -> list[Any]:
     import torch
 
     return [
         t
-        for t in _flatten((call.input, call.args, call.kwargs))
+        for t in flatten((call.input, call.args, call.kwargs))
         if isinstance(t, torch.Tensor) and t.requires_grad
     ]
 
@@ -425,11 +224,6 @@ def _leaves(call: Call) -> list[Any]:
 # ---------------------------------------------------------------------------------
 
 
-def _describe(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
 def _summary(sample: Any) -> str:
     try:
         return sample.summary()
@@ -437,33 +231,7 @@ def _summary(sample: Any) -> str:
         return repr(sample)[:300]
 
 
-def _run_pair(cpu_call, dev_call) -> tuple:
-    """Runs the CPU reference, then the device call.
-
-    Returns ``(cpu_result, cpu_exception, device_result, device_exception, device_traceback)``.
-    """
-    cpu_out = dev_out = cpu_exc = dev_exc = None
-    dev_tb = ""
-    try:
-        cpu_out = cpu_call()
-    except Exception as e:
-        cpu_exc = e
-    try:
-        dev_out = dev_call()
-    except Exception as e:
-        dev_exc = e
-        dev_tb = traceback.format_exc()
-    return cpu_out, cpu_exc, dev_out, dev_exc, dev_tb
-
-
-def _seeded(fn, *args, **kwargs):
-    import torch
-
-    torch.manual_seed(CALL_SEED)
-    return fn(*args, **kwargs)
-
-
-def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
+def check_op(op: Any, max_samples: Optional[int]) -> CaseResult:
     """Runs every check of one OpInfo on the neuron device (in this process)."""
     import torch
 
@@ -492,7 +260,7 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
         except StopIteration:
             break
         except Exception as e:
-            return OpResult(key, "error", f"harness: sample_inputs raised {_describe(e)}",
+            return CaseResult(key, "error", f"harness: sample_inputs raised {describe(e)}",
                             seconds=time.perf_counter() - start)
         index += 1
         # ---- forward -----------------------------------------------------------
@@ -500,7 +268,7 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             dev = move_sample(sample, DEVICE, placement=where)
         except Exception as e:
             run += 1
-            fail("move-inputs", index, sample, f"moving the sample to {DEVICE} raised {_describe(e)}")
+            fail("move-inputs", index, sample, f"moving the sample to {DEVICE} raised {describe(e)}")
             continue
         if not _touches_device(dev):
             # e.g. arange(2): no tensor and no device argument, so both runs are CPU runs.
@@ -508,18 +276,18 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             continue
         run += 1
         cpu = move_sample(sample, "cpu")
-        cpu_out, cpu_exc, dev_out, dev_exc, dev_tb = _run_pair(
-            lambda: _seeded(op, cpu.input, *cpu.args, **cpu.kwargs),
-            lambda: _seeded(op, dev.input, *dev.args, **dev.kwargs),
+        cpu_out, cpu_exc, dev_out, dev_exc, dev_tb = run_pair(
+            lambda: seeded(op, cpu.input, *cpu.args, **cpu.kwargs),
+            lambda: seeded(op, dev.input, *dev.args, **dev.kwargs),
         )
         if cpu_exc is not None:
             count("forward_cpu_raised")
             if dev_exc is None:
                 fail("forward", index, sample,
-                     f"the CPU reference raised {_describe(cpu_exc)}, but {DEVICE} did not raise")
+                     f"the CPU reference raised {describe(cpu_exc)}, but {DEVICE} did not raise")
             continue
         if dev_exc is not None:
-            fail("forward", index, sample, _describe(dev_exc) + "\n" + dev_tb[-3000:])
+            fail("forward", index, sample, describe(dev_exc) + "\n" + dev_tb[-3000:])
             continue
         count("forward")
         try:
@@ -528,41 +296,41 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             fail("forward", index, sample, str(e))
             continue
         except Exception as e:  # reading the neuron result raised
-            fail("forward", index, sample, f"reading the result raised {_describe(e)}")
+            fail("forward", index, sample, f"reading the result raised {describe(e)}")
             continue
 
         # ---- backward ----------------------------------------------------------
         if op.supports_autograd:
             try:
-                cpu_roots = _grad_roots(sample.output_process_fn_grad(cpu_out))
+                cpu_roots = grad_roots(sample.output_process_fn_grad(cpu_out))
                 cpu_leaves = _leaves(cpu)
             except Exception:
                 cpu_roots = []
             if cpu_roots and cpu_leaves:
                 try:
-                    dev_roots = _grad_roots(sample.output_process_fn_grad(dev_out))
+                    dev_roots = grad_roots(sample.output_process_fn_grad(dev_out))
                     dev_leaves = _leaves(dev)
                 except Exception as e:
-                    fail("backward", index, sample, f"preparing the backward raised {_describe(e)}")
+                    fail("backward", index, sample, f"preparing the backward raised {describe(e)}")
                     continue
                 if len(dev_roots) != len(cpu_roots) or len(dev_leaves) != len(cpu_leaves):
                     fail("backward", index, sample,
                          f"{len(dev_roots)} differentiable outputs / {len(dev_leaves)} leaves on {DEVICE}, "
                          f"{len(cpu_roots)} / {len(cpu_leaves)} on cpu")
                     continue
-                cpu_grads, cpu_exc, dev_grads, dev_exc, dev_tb = _run_pair(
-                    lambda: _seeded(torch.autograd.grad, _loss(cpu_roots), cpu_leaves, allow_unused=True),
-                    lambda: _seeded(torch.autograd.grad, _loss(dev_roots), dev_leaves, allow_unused=True),
+                cpu_grads, cpu_exc, dev_grads, dev_exc, dev_tb = run_pair(
+                    lambda: seeded(torch.autograd.grad, total_loss(cpu_roots), cpu_leaves, allow_unused=True),
+                    lambda: seeded(torch.autograd.grad, total_loss(dev_roots), dev_leaves, allow_unused=True),
                 )
                 count("backward")
                 if cpu_exc is not None:
                     count("backward_cpu_raised")
                     if dev_exc is None:
                         fail("backward", index, sample,
-                             f"the CPU backward raised {_describe(cpu_exc)}, but {DEVICE} did not raise")
+                             f"the CPU backward raised {describe(cpu_exc)}, but {DEVICE} did not raise")
                         continue
                 elif dev_exc is not None:
-                    fail("backward", index, sample, _describe(dev_exc) + "\n" + dev_tb[-3000:])
+                    fail("backward", index, sample, describe(dev_exc) + "\n" + dev_tb[-3000:])
                     continue
                 else:
                     try:
@@ -571,7 +339,7 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
                         fail("backward", index, sample, str(e))
                         continue
                     except Exception as e:
-                        fail("backward", index, sample, f"reading the gradient raised {_describe(e)}")
+                        fail("backward", index, sample, f"reading the gradient raised {describe(e)}")
                         continue
 
         # ---- in-place variant ----------------------------------------------------
@@ -580,18 +348,18 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             try:
                 dev = move_sample(sample, DEVICE, keep_grad=False, placement=where)
             except Exception as e:
-                fail("inplace", index, sample, f"moving the sample to {DEVICE} raised {_describe(e)}")
+                fail("inplace", index, sample, f"moving the sample to {DEVICE} raised {describe(e)}")
                 continue
             try:
-                cpu_ret = _seeded(inplace, cpu.input, *cpu.args, **cpu.kwargs)
+                cpu_ret = seeded(inplace, cpu.input, *cpu.args, **cpu.kwargs)
             except Exception:
                 count("inplace_cpu_raised")
                 continue  # not a valid in-place sample (e.g. the input broadcasts)
             count("inplace")
             try:
-                dev_ret = _seeded(inplace, dev.input, *dev.args, **dev.kwargs)
+                dev_ret = seeded(inplace, dev.input, *dev.args, **dev.kwargs)
             except Exception as e:
-                fail("inplace", index, sample, _describe(e) + "\n" + traceback.format_exc()[-3000:])
+                fail("inplace", index, sample, describe(e) + "\n" + traceback.format_exc()[-3000:])
                 continue
             try:
                 if cpu_ret is cpu.input and dev_ret is not dev.input:
@@ -601,21 +369,22 @@ def check_op(op: Any, max_samples: Optional[int]) -> OpResult:
             except Mismatch as e:
                 fail("inplace", index, sample, str(e))
             except Exception as e:
-                fail("inplace", index, sample, f"reading the result raised {_describe(e)}")
+                fail("inplace", index, sample, f"reading the result raised {describe(e)}")
 
     seconds = time.perf_counter() - start
     if index < 0:
-        return OpResult(key, "skipped", "no float32 samples", 0, checks, [], seconds)
+        return CaseResult(key, "skipped", "no float32 samples", 0, checks, [], seconds)
     if not failures and not any(k != "host_only" for k in checks):
-        return OpResult(key, "skipped", "no sample involves the device", run, checks, [], seconds)
+        return CaseResult(key, "skipped", "no sample involves the device", run, checks, [], seconds)
     if failures:
-        return OpResult(key, "failed", "\n".join(details), run, checks, failures, seconds)
-    return OpResult(key, "passed", "", run, checks, [], seconds)
+        return CaseResult(key, "failed", "\n".join(details), run, checks, failures, seconds)
+    return CaseResult(key, "passed", "", run, checks, [], seconds)
 
 
-def run_in_process(key: str, max_samples: Optional[int]) -> OpResult:
+def run_in_process(key: str, max_samples: Optional[int]) -> CaseResult:
+    """Checks one op in this process (what the worker runs for each request)."""
     if key in EXCLUSIONS:
-        return OpResult(key, "excluded", EXCLUSIONS[key])
+        return CaseResult(key, "excluded", EXCLUSIONS[key])
     import torch
 
     import neuron_lab  # noqa: F401  (registers the device)
@@ -626,7 +395,7 @@ def run_in_process(key: str, max_samples: Optional[int]) -> OpResult:
         try:
             return check_op(all_ops()[key], max_samples)
         except Exception as e:
-            return OpResult(key, "error", "harness error: " + _describe(e) + "\n" + traceback.format_exc())
+            return CaseResult(key, "error", "harness error: " + describe(e) + "\n" + traceback.format_exc())
         finally:
             torch.set_default_dtype(prev_dtype)
 
@@ -636,154 +405,18 @@ def run_in_process(key: str, max_samples: Optional[int]) -> OpResult:
 # ---------------------------------------------------------------------------------
 
 
-def _worker_main() -> None:
-    # The protocol goes over the original stdout; anything the ops print goes to stderr.
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    import torch  # noqa: F401  (before neuron_lab: importing neuron_lab first currently fails)
-
-    import neuron_lab  # noqa: F401
-
-    all_ops()
-    proto.write(json.dumps({"ready": True}) + "\n")
-    for line in sys.stdin:
-        line = line.strip()
-        if not line:
-            continue
-        req = json.loads(line)
-        print(f"=== op {req['op']}", file=sys.stderr, flush=True)
-        res = run_in_process(req["op"], req["samples"])
-        proto.write(json.dumps(asdict(res)) + "\n")
-
-
-class OpRunner:
-    """Runs ops one at a time in a worker subprocess, surviving crashes and hangs."""
-
-    def __init__(self, max_samples: Optional[int], timeout: float = DEFAULT_TIMEOUT,
-                 startup_timeout: float = 300.0):
-        self.max_samples = max_samples
-        self.timeout = timeout
-        self.startup_timeout = startup_timeout
-        self.proc: Optional[subprocess.Popen] = None
-        self.log = None
-        self.crashes = 0
-
-    def _start(self) -> None:
-        self.log = tempfile.TemporaryFile(mode="w+b")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env, cwd=REPO_ROOT,
-        )
-        line = self._readline(self.startup_timeout)
-        if line is None or not json.loads(line).get("ready"):
-            tail = self._log_tail(0)
-            self.close()
-            raise RuntimeError(f"the OpInfo worker did not start:\n{tail}")
-
-    def _readline(self, timeout: float) -> Optional[str]:
-        assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        buf = b""
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None  # EOF: the worker died
-            buf += chunk
-            if buf.endswith(b"\n"):
-                return buf.decode()
-
-    def _log_tail(self, since: int, limit: int = 4000) -> str:
-        if self.log is None:
-            return ""
-        self.log.flush()
-        self.log.seek(since)
-        text = self.log.read().decode(errors="replace")
-        self.log.seek(0, os.SEEK_END)
-        return text[-limit:]
-
-    def run(self, key: str) -> OpResult:
-        if key in EXCLUSIONS:
-            return OpResult(key, "excluded", EXCLUSIONS[key])
-        if self.proc is None:
-            self._start()
-        assert self.proc is not None and self.proc.stdin is not None and self.log is not None
-        self.log.seek(0, os.SEEK_END)
-        since = self.log.tell()
-        start = time.perf_counter()
-        try:
-            self.proc.stdin.write((json.dumps({"op": key, "samples": self.max_samples}) + "\n").encode())
-            self.proc.stdin.flush()
-            line = self._readline(self.timeout)
-        except TimeoutError:
-            tail = self._log_tail(since)
-            self.close(kill=True)
-            return OpResult(key, "timeout", f"no result after {self.timeout:.0f}s; worker killed\n{tail}",
-                            seconds=time.perf_counter() - start)
-        except BrokenPipeError:
-            line = None
-        if line is None:
-            rc = self.proc.wait()
-            tail = self._log_tail(since)
-            self.close()
-            self.crashes += 1
-            if rc < 0:
-                try:
-                    how = f"killed by {signal.Signals(-rc).name}"
-                except ValueError:
-                    how = f"killed by signal {-rc}"
-            else:
-                how = f"exited with status {rc}"
-            return OpResult(key, "crashed", f"the worker process {how}\n{tail}",
-                            seconds=time.perf_counter() - start)
-        data = json.loads(line)
-        return OpResult(**data)
-
-    def close(self, kill: bool = False) -> None:
-        if self.proc is not None:
-            try:
-                if kill:
-                    self.proc.kill()
-                elif self.proc.stdin:
-                    self.proc.stdin.close()
-                self.proc.wait(timeout=30)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-        if self.log is not None:
-            self.log.close()
-            self.log = None
+def run_case(key: str, params: dict) -> CaseResult:
+    return run_in_process(key, params.get("samples"))
 
 
 def make_runner(max_samples: Optional[int], timeout: Optional[float] = None):
-    """An OpRunner, or an in-process runner when ``NEURON_OPINFO_INPROCESS=1``."""
-    if os.environ.get("NEURON_OPINFO_INPROCESS") == "1":
-
-        class _InProcess:
-            def run(self, key: str) -> OpResult:
-                return run_in_process(key, max_samples)
-
-            def close(self, kill: bool = False) -> None:
-                pass
-
-        return _InProcess()
-    return OpRunner(max_samples, timeout if timeout is not None else timeout_from_env())
+    """Runs ops in a crash-isolating worker (or in this process with ``NEURON_TEST_INPROCESS=1``)."""
+    return _make_runner(__file__, run_case, {"samples": max_samples}, EXCLUSIONS, timeout)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        _worker_main()
+        serve(run_case, prepare=all_ops)
     else:
         import argparse
 
@@ -793,6 +426,6 @@ if __name__ == "__main__":
         ns = parser.parse_args()
         for key in ns.op:
             r = run_in_process(key, ns.samples or None)
-            print(f"{r.op_id}: {r.status} ({r.samples} samples, {r.seconds:.1f}s)")
+            print(f"{r.case_id}: {r.status} ({r.samples} samples, {r.seconds:.1f}s)")
             if r.message:
                 print(r.message)

@@ -11,7 +11,6 @@ with CPU tensors (``neuron_lab/device/csrc/kernels.cpp``).
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

@@ -12,7 +12,7 @@ samples per op::
     NEURON_OPINFO_SAMPLES=all PYTHONPATH=. .venv/bin/python -m pytest tests/test_opinfo.py -k conv
 
 Ops in ``opinfo_support.EXCLUSIONS`` are reported as skipped with their reason.
-For the full sweep with a pass-rate summary use ``scripts/opinfo_sweep.py``.
+For the full sweep with a pass-rate summary use ``scripts/sweep.py --db ops``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import opinfo_support as support  # noqa: E402
-
-OP_IDS = support.all_op_ids()
+from isolated import assert_passed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +35,6 @@ def runner():
     r.close()
 
 
-@pytest.mark.parametrize("op_id", OP_IDS, ids=OP_IDS)
+@pytest.mark.parametrize("op_id", support.all_op_ids())
 def test_opinfo(op_id: str, runner) -> None:
-    if op_id in support.EXCLUSIONS:
-        pytest.skip(f"{op_id} excluded: {support.EXCLUSIONS[op_id]}")
-    result = runner.run(op_id)
-    if result.status == "passed":
-        return
-    if result.status in ("skipped", "excluded"):
-        pytest.skip(f"{op_id}: {result.message}")
-    pytest.fail(f"{op_id} {result.status.upper()} on {support.DEVICE}:\n{result.message}", pytrace=False)
+    assert_passed(runner.run(op_id), op_id)
