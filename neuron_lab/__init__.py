@@ -10,6 +10,12 @@ from neuron_lab.device import register as _register
 
 _register()
 
+from neuron_lab import integrations as _integrations  # noqa: E402
+from neuron_lab.device.registration import on_first_use as _on_first_use  # noqa: E402
+
+_integrations.install_at_import()
+_on_first_use(_integrations.install_on_first_use)
+
 from neuron_lab.adaptive_eager import configure, get_mode, mode, set_mode  # noqa: E402
 from neuron_lab import metrics, profiler  # noqa: E402
 from neuron_lab.observability import explain, explain_scope  # noqa: E402

@@ -423,3 +423,45 @@ def test_async_graphs_keep_input_mutations_and_random_ops_eager_exact():
     assert torch.equal(dropout(x).cpu(), first)
     assert 0 < (first == 0).sum() < 64 and set(first.unique().tolist()) <= {0.0, 2.0}
     assert [g["tier"] for g in compiled_graphs()[before:]] == ["async"]  # one inference graph
+
+
+# ---- torch.compile's default backend (TorchInductor) on neuron tensors ----------------
+
+
+def test_default_backend_compiles_neuron_graphs_for_the_host():
+    """torch.compile(fn) with no backend: a neuron graph is TorchInductor's host code run
+    as one inline launch, with the CPU's torch.compile numbers (the same C++ code)."""
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x @ x.T).softmax(-1) * 2 + 1
+
+    x = torch.randn(16, 16)
+    before = len(compiled_graphs())
+    out = torch.compile(fn)(x.to("neuron"))
+    assert out.device.type == "neuron"
+    torch._dynamo.reset()
+    torch.testing.assert_close(out.cpu(), torch.compile(fn)(x), rtol=0, atol=0)
+    graphs = compiled_graphs()[before:]
+    assert [g["tier"] for g in graphs] == ["inline"], graphs
+
+
+def test_default_backend_trains_a_model_on_neuron_as_cpu_compile_does():
+    parity(MLP(), lambda step: torch.randn(4, 32), lambda m: torch.compile(m), steps=2)
+
+
+def test_default_backend_keeps_host_outputs_on_the_host_and_mode_reaches_inductor():
+    def fn(x: torch.Tensor):
+        y = x.cos() + 1
+        return y, y.sum().cpu(), torch.arange(3, device="neuron")
+
+    out, total, positions = torch.compile(fn, mode="max-autotune-no-cudagraphs")(torch.ones(5, device="neuron"))
+    assert out.device.type == "neuron" and positions.device.type == "neuron"
+    assert total.device.type == "cpu"  # .cpu() in the graph: the result stays a host tensor
+    torch.testing.assert_close(total, torch.tensor(5 * (1 + torch.cos(torch.tensor(1.0)).item())))
+    assert compiled_graphs()[-1]["inductor_options"].get("max_autotune") is True
+
+
+def test_default_backend_on_cpu_tensors_is_inductor_as_before():
+    before = len(compiled_graphs())
+    out = torch.compile(lambda x: x.sin() * 2)(torch.ones(3))
+    assert out.device.type == "cpu"
+    assert len(compiled_graphs()) == before  # the neuron backend saw nothing

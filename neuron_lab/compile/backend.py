@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
+from neuron_lab.compile.flex_host import prepare_flex_attention_for_host
 from neuron_lab.device import _C
 
 __all__ = ["neuron_backend", "compiled_graphs"]
@@ -181,6 +182,8 @@ def _launch_and_config(mode: Optional[str], options: Optional[dict]) -> tuple[st
 
 
 def _inductor_compile(gm: torch.fx.GraphModule, examples: list, config_patches: dict) -> Callable:
+    """TorchInductor's host code for a copy of a neuron graph (``gm`` keeps its trace's
+    values, which the FlexAttention rewrite reads; ``examples`` are host tensors)."""
     # A fresh thread: none of Dynamo's tracing state (fake mode, tracing context) of
     # the caller leaks into Inductor's own compile of this host graph.
     def work() -> Callable:
@@ -188,18 +191,52 @@ def _inductor_compile(gm: torch.fx.GraphModule, examples: list, config_patches: 
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+        prepared = copy.deepcopy(gm)
+        prepare_flex_attention_for_host(prepared)
+        host_gm = _retarget_to_host(prepared)
+
         # Fake examples with a ShapeEnv: Inductor's and AOTAutograd's on-disk caches
         # need one ("No shape env" bypasses them), so a kernel restart recompiles fast.
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in examples]
         with torch.no_grad():
-            return compile_fx(gm, fakes, config_patches=dict(config_patches))
+            return compile_fx(host_gm, fakes, config_patches=dict(config_patches))
 
     return _pool.submit(work).result()
 
 
-def _devices_of(examples: Sequence[Any]) -> set[int]:
-    return {x.device.index or 0 for x in examples if isinstance(x, torch.Tensor) and x.device.type == "neuron"}
+def _neuron_indices(value: Any) -> set[int]:
+    if isinstance(value, torch.Tensor):
+        return {value.device.index or 0} if value.device.type == "neuron" else set()
+    if isinstance(value, torch.device):
+        return {value.index or 0} if value.type == "neuron" else set()
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_neuron_indices(v) for v in value))
+    if isinstance(value, dict):
+        return _neuron_indices(list(value.values()))
+    return set()
+
+
+def _devices_of(gm: torch.fx.GraphModule, examples: Sequence[Any]) -> set[int]:
+    """The neuron cores a graph uses: those of its inputs and of its factory calls
+    (``arange(device="neuron")`` in a graph without tensor inputs)."""
+    devices = _neuron_indices(list(examples))
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            devices |= _neuron_indices(node.args) | _neuron_indices(node.kwargs)
+    return devices
+
+
+def _outputs_on_neuron(gm: torch.fx.GraphModule) -> Optional[list[bool]]:
+    """Per flat output of the graph, whether the trace put it on neuron (None: unknown)."""
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None:
+        return None
+    flat = torch.utils._pytree.tree_leaves(output.args[0])
+    vals = [n.meta.get("val") if isinstance(n, torch.fx.Node) else n for n in flat]
+    if any(isinstance(n, torch.fx.Node) and "val" not in n.meta for n in flat):
+        return None
+    return [isinstance(v, torch.Tensor) and v.device.type == "neuron" for v in vals]
 
 
 def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Callable:
@@ -224,11 +261,22 @@ def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Cal
     return run
 
 
+def _adopt(outputs: Any, on_neuron: Optional[list[bool]], device: int, host_inputs: list,
+           inputs: list) -> list:
+    """The host code's outputs as the graph's: neuron tensors where the trace had them on
+    neuron (adopted without copies where possible), the others as they are."""
+    flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if on_neuron is None or len(on_neuron) != len(flat):
+        return _kernels.adopt(flat, device, host_inputs, inputs)
+    adopted = iter(_kernels.adopt([v for v, dev in zip(flat, on_neuron) if dev], device, host_inputs, inputs))
+    return [next(adopted) if dev else v for v, dev in zip(flat, on_neuron)]
+
+
 def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.fx.GraphModule,
                    example_inputs: Sequence[Any]) -> Callable:
     graph_id = next(_graph_ids)
     name = f"compiled {kind} graph {graph_id}"
-    devices = _devices_of(example_inputs)
+    devices = _devices_of(gm, example_inputs)
     record = {"id": graph_id, "kind": kind, "tier": launch_kind, "compile_s": 0.0, "launches": 0,
               "ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
               "inductor_options": dict(config_patches)}
@@ -249,9 +297,9 @@ def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.
         return _run_async(gm, record, devices)
 
     start = time.perf_counter()
-    host_gm = _retarget_to_host(gm)
+    on_neuron = _outputs_on_neuron(gm)  # before the host copy drops the trace's values
     try:
-        compiled = _inductor_compile(host_gm, [_host_example(x) for x in example_inputs], config_patches)
+        compiled = _inductor_compile(gm, [_host_example(x) for x in example_inputs], config_patches)
     except Exception as e:
         _log("compile_failed", name, f"Inductor failed ({type(e).__name__}: {e}); it runs as async launches "
              "through adaptive eager", time.perf_counter() - start, graph_id)
@@ -279,7 +327,7 @@ def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.
             host_inputs = [h for a, h in zip(args, host_args)
                            if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
             outputs = compiled(*host_args)
-            results = _kernels.adopt(outputs, device, host_inputs, tensors)
+            results = _adopt(outputs, on_neuron, device, host_inputs, tensors)
         record["launches"] += 1
         return type(outputs)(results) if isinstance(outputs, tuple) else results
 

@@ -97,4 +97,8 @@ def _is_in_bad_fork() -> bool:
 
 
 def _lazy_init() -> None:
-    """The runtime initialises at import; kept for code that calls torch.cuda-style hooks."""
+    """PyTorch calls this when the first neuron tensor is made (as ``torch.cuda._lazy_init``):
+    what was registered with ``registration.on_first_use`` starts now."""
+    from neuron_lab.device.registration import first_use
+
+    first_use()

@@ -1,18 +1,51 @@
-"""Registers the native runtime with PyTorch under the name ``neuron``."""
+"""Registers the native runtime with PyTorch under the name ``neuron``.
+
+``register()`` runs at ``import torch`` and does only what ``torch.device("neuron")``
+needs. What may wait until the device is really used (the layers above, integrations
+with other libraries) registers with ``on_first_use``: PyTorch calls
+``torch.neuron._lazy_init()`` when the first neuron tensor is made, as it does for CUDA.
+"""
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from neuron_lab.device import config
 
-__all__ = ["register", "is_registered"]
+__all__ = ["register", "is_registered", "on_first_use", "first_use"]
 
 BACKEND_NAME = "neuron"
 # Re-entrant: `import torch` inside register() may autoload the device, which
 # calls register() again on the same thread before the outer call continues.
 _lock = threading.RLock()
 _registered = False
+
+
+_first_use_lock = threading.RLock()
+_first_use_callbacks: list[Callable[[], None]] = []
+_first_use_done = False
+
+
+def on_first_use(callback: Callable[[], None]) -> None:
+    """Calls ``callback()`` when the device is first used, or now if it already was."""
+    with _first_use_lock:
+        if not _first_use_done:
+            _first_use_callbacks.append(callback)
+            return
+    callback()
+
+
+def first_use() -> None:
+    """Runs the ``on_first_use`` callbacks, once (``torch.neuron._lazy_init``)."""
+    global _first_use_done
+    with _first_use_lock:
+        if _first_use_done:
+            return
+        _first_use_done = True
+        callbacks, _first_use_callbacks[:] = list(_first_use_callbacks), []
+    for callback in callbacks:
+        callback()
 
 
 def is_registered() -> bool:
