@@ -81,7 +81,7 @@ def test_adamw_steps_reuse_one_graph_and_match_the_cpu() -> None:
 def test_compiled_code_never_runs_with_stale_scalars() -> None:
     """A hot graph compiles with its scalars baked in; when they change, the launch replays
     with its own values, and the graph compiles again once they settle."""
-    neuron_lab.configure(compile_after=3)
+    neuron_lab.configure(compile_after=3, compile=True)
     x = torch.randn(64, device="neuron")
     torch.neuron.synchronize()
 
