@@ -695,3 +695,18 @@ def test_hot_graph_is_compiled_and_matches_the_cpu() -> None:
     assert counters["compiles_failed"] == 0 and counters["compiled_fallbacks"] == 0, ae.graphs()
     torch.testing.assert_close(out.cpu(), expected)
     torch.testing.assert_close(acc.cpu(), expected_acc)
+
+
+def test_replay_writes_results_in_place_and_never_warns_about_resized_outputs() -> None:
+    """Replay runs a functional op's out= kernel into the memory its result was given;
+    mse_loss.out resizes its output (other semantics), so it replays through mse_loss
+    itself, with the CPU's result and without PyTorch's resize warning."""
+    import warnings
+
+    a, b = torch.randn(64, 16), torch.randn(64, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            loss = torch.nn.functional.mse_loss(a.to("neuron").relu(), b.to("neuron"))
+            assert torch.equal(loss.cpu(), torch.nn.functional.mse_loss(a.relu(), b))
+            assert torch.equal(torch.sin(a.to("neuron")).cpu(), torch.sin(a))

@@ -16,6 +16,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,10 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // From now on the op runs inline, for the given reason (its meta kernel was found to
 // predict other result shapes than its CPU kernel gives).
 void never_record(const c10::OperatorHandle& op, const std::string& why);
+// An out= twin that resized its output (other semantics than the functional op's) is
+// not used again: the op replays through its functional kernel and a copy.
+bool out_twin_refused(const c10::OperatorHandle& op);
+void refuse_out_twin(const c10::OperatorHandle& op);
 // Before an op runs inline on the caller's thread: launches what is buffered
 // and waits for every launch that uses the given tensors' memory.
 void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason);
@@ -113,6 +118,9 @@ struct OpClass {
   bool functional = false;      // returns fresh tensors
   std::vector<int> return_arg;  // per return: the argument it is, or -1 (fresh)
   std::vector<bool> write_arg;  // per argument: written by the op
+  // A functional op's out= overload (same arguments, then one out tensor per result):
+  // replay writes the results straight into the memory the recorder gave them.
+  std::optional<c10::OperatorHandle> out_twin;
 };
 
 struct Record {
@@ -141,7 +149,19 @@ struct StorageUse {
   bool written = false;
   bool dead = false;  // a pending result nothing outside the launch holds
   std::vector<const c10::TensorImpl*> impls;
+  int64_t first_record = 0, last_record = 0;  // the records of the launch that use it
 };
+
+// ---- scratch.cpp ---------------------------------------------------------------------
+// A dead intermediate of a launch and the records that use it.
+struct ScratchUse {
+  c10::Storage storage;
+  int64_t first = 0, last = 0;
+};
+// Gives the (pending) storages host scratch memory, those whose uses do not overlap
+// sharing one buffer, buffers taken from a pool kept warm across launches.
+void give_scratch(const std::vector<ScratchUse>& uses);
+size_t scratch_cached_bytes();
 
 // A cached graph: its structure, how often it ran and in which tier.
 struct Graph {

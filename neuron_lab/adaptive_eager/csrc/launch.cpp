@@ -323,10 +323,26 @@ std::string shapes_of(const Record& r) {
   return out.str();
 }
 
+// Warnings an out= kernel raises are held until it is known whether its results are
+// kept (a resize warning means they are not, and the functional kernel runs instead).
+class HeldWarnings final : public c10::WarningHandler {
+ public:
+  HeldWarnings() : previous_(c10::WarningUtils::get_warning_handler()) {}
+  void process(const c10::Warning& warning) override { warnings_.push_back(warning); }
+  void pass_on() {
+    for (const auto& w : warnings_) previous_->process(w);
+  }
+
+ private:
+  c10::WarningHandler* previous_;
+  std::vector<c10::Warning> warnings_;
+};
+
 // One launch: what the device thread executes.
 struct Launch {
   std::vector<Record> records;
-  std::vector<c10::Storage> scratch;       // dead intermediates (replay only)
+  std::vector<ScratchUse> scratch;         // dead intermediates (replay only)
+  bool scratch_given = false;
   std::vector<c10::Storage> inputs;        // the compiled code's inputs: every live storage
   std::vector<c10::ScalarType> input_dtypes;
   std::shared_ptr<Graph> graph;
@@ -351,8 +367,14 @@ struct Launch {
     return why;
   }
 
+  void give_scratch_once() {
+    if (scratch_given) return;
+    scratch_given = true;
+    give_scratch(scratch);
+  }
+
   void replay() {
-    for (auto& s : scratch) materialize_scratch(s);
+    give_scratch_once();
     for (size_t i = 0; i < records.size(); ++i) {
       auto& r = records[i];
       if (auto why = poisoned_input(r)) {
@@ -411,42 +433,76 @@ struct Launch {
       hosts.emplace_back(impl, alias.storage());
       return alias;
     };
-    torch::jit::Stack stack;
-    stack.reserve(r.args.size());
-    for (const auto& a : r.args) {
-      if (a.isTensor()) {
-        stack.push_back(host(a.toTensor()));
-      } else if (a.isTensorList()) {
-        c10::List<at::Tensor> l;
-        for (const at::Tensor& t : a.toTensorList()) l.push_back(host(t));
-        stack.push_back(std::move(l));
-      } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
-        auto list = a.toList();
-        c10::impl::GenericList l(list.elementType());
-        for (const c10::IValue& e : list) l.push_back(e.isTensor() ? c10::IValue(host(e.toTensor())) : e);
-        stack.push_back(std::move(l));
-      } else {
-        stack.push_back(a);
+    auto arguments = [&]() {
+      torch::jit::Stack stack;
+      stack.reserve(r.args.size() + r.outputs.size());
+      for (const auto& a : r.args) {
+        if (a.isTensor()) {
+          stack.push_back(host(a.toTensor()));
+        } else if (a.isTensorList()) {
+          c10::List<at::Tensor> l;
+          for (const at::Tensor& t : a.toTensorList()) l.push_back(host(t));
+          stack.push_back(std::move(l));
+        } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
+          auto list = a.toList();
+          c10::impl::GenericList l(list.elementType());
+          for (const c10::IValue& e : list) l.push_back(e.isTensor() ? c10::IValue(host(e.toTensor())) : e);
+          stack.push_back(std::move(l));
+        } else {
+          stack.push_back(a);
+        }
       }
-    }
+      return stack;
+    };
+    // The meta kernel that gave a result its metadata disagrees with the CPU kernel:
+    // the tensor the program holds has the wrong shape. Never silently.
+    auto mispredicted = [&](const at::Tensor& result, const at::Tensor& out) {
+      std::ostringstream why;
+      why << r.op.schema().operator_name() << "'s CPU kernel returned " << result.scalar_type() << result.sizes()
+          << ", but its meta kernel, which gave the recorded result its shape, said " << out.scalar_type()
+          << out.sizes();
+      never_record(r.op, "its meta kernel gave another result shape than its CPU kernel");
+      TORCH_CHECK(false, "neuron: ", why.str(), ". The result was not computed; this op now runs "
+                  "inline, so running the code again gives the right result.");
+    };
     try {
       c10::DeviceGuard guard(c10::Device(kNeuron, device));
+      if (r.cls->out_twin.has_value() && !out_twin_refused(r.op)) {
+        // Straight into the results' memory, through the op's out= kernel.
+        auto stack = arguments();
+        std::vector<at::Tensor> outs;
+        std::vector<const void*> memory;
+        for (const auto& out : r.outputs) {
+          outs.push_back(host(out));
+          memory.push_back(outs.back().const_data_ptr());
+          stack.push_back(outs.back());
+        }
+        HeldWarnings held;
+        {
+          c10::WarningUtils::WarningHandlerGuard hold(&held);
+          r.cls->out_twin->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        }
+        bool kept = true;
+        for (size_t k = 0; k < outs.size(); ++k) {
+          kept = kept && outs[k].sizes() == r.outputs[k].sizes() && outs[k].strides() == r.outputs[k].strides() &&
+                 outs[k].const_data_ptr() == memory[k];
+        }
+        if (kept) {
+          held.pass_on();
+          return;
+        }
+        // The out= kernel resized its output: its semantics are not the functional
+        // op's (mse_loss.out). The results come from the functional kernel, now and on.
+        refuse_out_twin(r.op);
+        hosts.clear();
+      }
+      auto stack = arguments();
       r.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
       // Fresh results: copied into the memory the recorder gave them.
       size_t next = 0;
       auto adopt = [&](const at::Tensor& result) {
         const auto& out = r.outputs[next++];
-        if (result.sizes() != out.sizes() || result.scalar_type() != out.scalar_type()) {
-          // The meta kernel that gave the result its metadata disagrees with the CPU
-          // kernel: the tensor the program holds has the wrong shape. Never silently.
-          std::ostringstream why;
-          why << r.op.schema().operator_name() << "'s CPU kernel returned " << result.scalar_type()
-              << result.sizes() << ", but its meta kernel, which gave the recorded result its shape, said "
-              << out.scalar_type() << out.sizes();
-          never_record(r.op, "its meta kernel gave another result shape than its CPU kernel");
-          TORCH_CHECK(false, "neuron: ", why.str(), ". The result was not computed; this op now runs "
-                      "inline, so running the code again gives the right result.");
-        }
+        if (result.sizes() != out.sizes() || result.scalar_type() != out.scalar_type()) mispredicted(result, out);
         host(out).copy_(result);
       };
       for (size_t i = 0; i < r.cls->return_arg.size(); ++i) {
@@ -629,7 +685,8 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   std::unordered_map<const c10::StorageImpl*, int> index;
   std::vector<StorageUse> storages;
   std::unordered_map<const c10::TensorImpl*, int> held;
-  for (const auto& r : l->records) {
+  for (size_t record_index = 0; record_index < l->records.size(); ++record_index) {
+    const auto& r = l->records[record_index];
     for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
       if (!on_device(t)) return;
       held[t.unsafeGetTensorImpl()] += 1;
@@ -639,9 +696,11 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
         StorageUse u;
         u.storage = t.storage();
         u.dtype = t.scalar_type();
+        u.first_record = static_cast<int64_t>(record_index);
         storages.push_back(std::move(u));
       }
       auto& u = storages[static_cast<size_t>(it->second)];
+      u.last_record = static_cast<int64_t>(record_index);
       if (u.dtype != t.scalar_type()) u.mixed_dtypes = true;
       u.written = u.written || write;
       if (std::find(u.impls.begin(), u.impls.end(), t.unsafeGetTensorImpl()) == u.impls.end()) {
@@ -679,7 +738,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   }
   for (auto& u : storages) {
     if (u.dead) {
-      l->scratch.push_back(u.storage);
+      l->scratch.push_back({u.storage, u.first_record, u.last_record});
     } else {
       l->inputs.push_back(u.storage);
       l->input_dtypes.push_back(u.dtype);
@@ -760,9 +819,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   if (compile_me) request_compile(compile_me, l->records, storages);
   // Dead intermediates get host scratch now, on this thread, unless compiled
   // code (which keeps them in registers and local buffers) will run the graph.
-  if (!l->graph || l->replay_only || l->graph->state.load() != Graph::Compiled) {
-    for (auto& st : l->scratch) materialize_scratch(st);
-  }
+  if (!l->graph || l->replay_only || l->graph->state.load() != Graph::Compiled) l->give_scratch_once();
 
   c.launches.fetch_add(1, std::memory_order_relaxed);
   if (use_cache) c.graph_launches.fetch_add(1, std::memory_order_relaxed);

@@ -27,10 +27,12 @@
 
 #include <Python.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace neuron::lazy {
 
@@ -97,6 +99,41 @@ bool is_tensor_list_type(const c10::TypePtr& t) {
   return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->expectRef<c10::ListType>().getElementType());
 }
 
+// The out= overload of a functional op whose every result is a plain tensor: the
+// same arguments (names and types), then one keyword-only out tensor per result,
+// each returned. Structured ops' functional kernels are their out= kernels on fresh
+// outputs, so the results are the same, computed in place.
+std::optional<c10::OperatorHandle> out_twin_of(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  const auto& args = schema.arguments();
+  const auto& rets = schema.returns();
+  for (const auto& r : rets) {
+    if (!is_tensor_type(r.type())) return std::nullopt;
+  }
+  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (name.name != schema.name() || name.overload_name == schema.overload_name()) continue;
+    auto candidate = c10::Dispatcher::singleton().findOp(name);
+    if (!candidate.has_value() || !candidate->hasSchema()) continue;
+    const auto& cs = candidate->schema();
+    const auto& cargs = cs.arguments();
+    if (cargs.size() != args.size() + rets.size() || cs.returns().size() != rets.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < args.size() && same; ++i) {
+      same = cargs[i].name() == args[i].name() && *cargs[i].type() == *args[i].type() &&
+             cargs[i].kwarg_only() == args[i].kwarg_only() && cargs[i].alias_info() == nullptr;
+    }
+    for (size_t k = 0; k < rets.size() && same; ++k) {
+      const auto& out = cargs[args.size() + k];
+      const auto* alias = out.alias_info();
+      const auto* ret_alias = cs.returns()[k].alias_info();
+      same = out.kwarg_only() && is_tensor_type(out.type()) && alias != nullptr && alias->isWrite() &&
+             ret_alias != nullptr && ret_alias->beforeSets() == alias->beforeSets();
+    }
+    if (same && candidate->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return candidate;
+  }
+  return std::nullopt;
+}
+
 OpClass classify_uncached(const c10::OperatorHandle& op) {
   OpClass c;
   const auto& schema = op.schema();
@@ -149,6 +186,9 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
     c.return_arg.push_back(found);
   }
   c.recordable = true;
+  if (c.functional && std::all_of(c.return_arg.begin(), c.return_arg.end(), [](int a) { return a < 0; })) {
+    c.out_twin = out_twin_of(op);
+  }
   return c;
 }
 
@@ -180,6 +220,27 @@ const OpClass& classify(const c10::OperatorHandle& op) {
 }
 
 }  // namespace
+
+namespace {
+std::mutex g_refused_twins_mutex;
+std::atomic<size_t> g_refused_twins_count{0};
+std::unordered_set<const void*>& refused_twins() {
+  static auto* s = new std::unordered_set<const void*>();
+  return *s;
+}
+}  // namespace
+
+bool out_twin_refused(const c10::OperatorHandle& op) {
+  if (g_refused_twins_count.load(std::memory_order_relaxed) == 0) return false;
+  std::lock_guard<std::mutex> lock(g_refused_twins_mutex);
+  return refused_twins().count(&op.schema()) > 0;
+}
+
+void refuse_out_twin(const c10::OperatorHandle& op) {
+  std::lock_guard<std::mutex> lock(g_refused_twins_mutex);
+  refused_twins().insert(&op.schema());
+  g_refused_twins_count = refused_twins().size();
+}
 
 void never_record(const c10::OperatorHandle& op, const std::string& why) {
   std::lock_guard<std::mutex> lock(g_classes_mutex);

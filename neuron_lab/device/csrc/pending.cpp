@@ -3,13 +3,12 @@
 // Every pending storage points at one read-only region of zero pages reserved
 // at start-up (virtual address space only, no physical memory), so a read that
 // slips past the runtime's synchronization sees zeros and never crashes the
-// process. Memory is given when a launch is flushed (materialize) or, for the
-// dead intermediates of a fused graph, host scratch outside the allocator.
+// process. Memory is given when a launch is flushed (materialize); the runtime
+// gives the dead intermediates of a fused graph host scratch outside the allocator.
 #include "runtime.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
@@ -44,8 +43,6 @@ std::mutex& materialize_mutex() {
   static auto* m = new std::mutex();
   return *m;
 }
-
-void free_scratch(void* ctx) { c10::free_cpu(ctx); }
 
 // Every pending storage, weakly: memory statistics give the live ones memory.
 std::mutex& registry_mutex() {
@@ -115,15 +112,6 @@ void materialize(const c10::Storage& storage) {
   c10::DeviceGuard guard(storage.device());
   auto data = allocator()->allocate(storage.nbytes());
   storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(data));
-}
-
-void materialize_scratch(const c10::Storage& storage) {
-  if (!is_pending(storage)) return;
-  std::lock_guard<std::mutex> lock(materialize_mutex());
-  if (!is_pending(storage)) return;
-  void* raw = c10::alloc_cpu(storage.nbytes());
-  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(
-      c10::DataPtr(raw, raw, &free_scratch, storage.device()));
 }
 
 at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,

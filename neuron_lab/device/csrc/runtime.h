@@ -182,9 +182,6 @@ bool is_pending(const c10::DataPtr& data_ptr);
 bool is_pending(const c10::Storage& storage);
 // Gives a pending storage device memory (may raise OutOfMemoryError); no-op otherwise.
 void materialize(const c10::Storage& storage);
-// Gives a pending storage host scratch memory that the allocator does not count
-// (the intermediates of a fused graph, as on-chip memory would hold them).
-void materialize_scratch(const c10::Storage& storage);
 // Gives every pending storage of a core that is still alive device memory:
 // memory statistics then count what the program holds (call after a flush).
 void materialize_all_pending(c10::DeviceIndex device);
