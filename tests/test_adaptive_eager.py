@@ -283,11 +283,50 @@ def test_random_ops_match_the_cpu_for_the_same_seed(name: str) -> None:
 # ---- errors ------------------------------------------------------------------------------
 
 
+def learned(op, *valid_args) -> None:
+    """Runs an op once with valid inputs of the shapes a test then records it with: the
+    first call of an op whose meta kernel is torch's Python code runs inline (its result
+    metadata is learned from it), and raises its own error at the op."""
+    op(*valid_args)
+    torch.neuron.synchronize()
+
+
+def test_first_calls_of_python_meta_ops_run_inline_and_are_recorded_after() -> None:
+    """In a fresh process: an op whose meta kernel is torch's Python code (relu,
+    index_select, layer_norm, ...) runs inline the first time per signature, its result
+    metadata learned from that run, and is recorded afterwards; torch._dynamo, which those
+    meta kernels import on their first call (a second or more), is never imported."""
+    result = run_python("""
+        import sys
+        import torch
+        from neuron_lab import adaptive_eager as ae
+        x = torch.randn(4, 5, device="neuron")
+        index = torch.tensor([3, 0], device="neuron")
+        model = torch.nn.Sequential(torch.nn.Linear(5, 5), torch.nn.ReLU(), torch.nn.LayerNorm(5)).to("neuron")
+        torch.neuron.synchronize()
+        ae.reset_counters()
+        x.index_select(0, index)
+        model(x).sum().backward()
+        first = dict(ae.counters()["inline_by_op"])
+        model(x).sum().backward()  # gradients accumulate now: another signature of add
+        ae.reset_counters()
+        picked = x.index_select(0, index)
+        model(x).sum().backward()
+        torch.neuron.synchronize()
+        again = dict(ae.counters()["inline_by_op"])
+        assert torch.equal(picked.cpu(), x.cpu()[[3, 0]])
+        print(first.get("aten::index_select"), "aten::relu" in first, again, "torch._dynamo" in sys.modules)
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "True", "{}", "False"], result.stdout
+
+
 @pytest.mark.parametrize("wait", ["synchronize", "item", "cpu", "print"])
 def test_error_in_a_fused_graph_surfaces_at_the_next_wait(wait: str) -> None:
     x_cpu = torch.randn(4, 5)
     x = x_cpu.to("neuron")
     bad = torch.tensor([0, 9], device="neuron")
+    learned(torch.index_select, x, 0, torch.tensor([0, 1], device="neuron"))
     before = x * 3  # computed in an earlier launch
     torch.neuron.synchronize()
     ae.reset_counters()
@@ -331,8 +370,13 @@ def test_error_in_a_fused_graph_surfaces_at_the_next_wait(wait: str) -> None:
         pytest.param(lambda x: torch.gather(x, 1, torch.tensor([[9]], device="neuron")), id="gather"),
     ],
 )
-def test_kernel_errors_surface_at_synchronize(op) -> None:
+def test_kernel_errors_surface_at_synchronize(op, request) -> None:
     x = torch.randn(4, 5, device="neuron")
+    warm_ups = {"multinomial": lambda: torch.multinomial(torch.tensor([0.5, 1.0, 0.5], device="neuron"), 1),
+                "nll_loss": lambda: torch.nn.functional.nll_loss(x.log_softmax(1), torch.tensor([0, 1, 1, 2],
+                                                                                               device="neuron")),
+                "gather": lambda: torch.gather(x, 1, torch.tensor([[1]], device="neuron"))}
+    learned(warm_ups[request.node.callspec.id])
     op(x)  # recorded; the check is in the CPU kernel
     with pytest.raises((RuntimeError, IndexError), match="failed on neuron"):
         torch.neuron.synchronize()
@@ -345,7 +389,7 @@ def test_ops_recorded_after_a_failing_op_are_not_silently_wrong() -> None:
     when read; it must not hand back memory that was never written."""
     x = torch.ones(4, device="neuron")
     bad = torch.tensor([0, 500], device="neuron")
-    torch.neuron.synchronize()
+    learned(torch.index_select, x, 0, torch.tensor([0, 1], device="neuron"))
     first = x * 2
     x.index_select(0, bad)
     later = first + 1  # independent of the failing op
@@ -710,3 +754,68 @@ def test_replay_writes_results_in_place_and_never_warns_about_resized_outputs() 
             loss = torch.nn.functional.mse_loss(a.to("neuron").relu(), b.to("neuron"))
             assert torch.equal(loss.cpu(), torch.nn.functional.mse_loss(a.relu(), b))
             assert torch.equal(torch.sin(a.to("neuron")).cpu(), torch.sin(a))
+
+
+# ---- random ops, factories and host copies are recorded: no host wait -------------------
+
+
+def test_dropout_is_recorded_and_draws_the_cpus_masks() -> None:
+    """F.dropout takes the fused native_dropout off the CPU; on neuron it is spelled out
+    with the core's generator, recorded, and replayed in stream order: the CPU's numbers
+    for the same seed, with randn before and an inline random op after drawing in order."""
+    def program(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        x = torch.ones(64, 32, device=device)
+        noise = torch.randn(64, 32, device=device)
+        outs = [torch.nn.functional.dropout(x + noise, 0.3) for _ in range(3)]
+        outs.append(torch.randperm(16, device=device))
+        outs.append(torch.nn.functional.dropout(x, 0.5))
+        return [o.cpu() for o in outs]
+
+    expected = program("cpu")
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    actual = program("neuron")
+    for a, e in zip(actual, expected):
+        assert torch.equal(a, e)
+    assert "aten::native_dropout" not in ae.counters()["inline_by_op"]
+    assert ae.counters()["syncs"].get("aten::native_dropout", 0) == 0
+
+
+@pytest.mark.parametrize("compile_tier", [False, True], ids=["replay", "compile-allowed"])
+def test_a_hot_graph_with_dropout_keeps_eager_numbers(compile_tier: bool) -> None:
+    neuron_lab.configure(compile_after=2, compile=compile_tier)
+    x_cpu = torch.randn(256)
+    x = x_cpu.to("neuron")
+    for step in range(6):
+        torch.manual_seed(step)
+        expected = torch.nn.functional.dropout(x_cpu * 2, 0.25).sin()
+        torch.manual_seed(step)
+        actual = torch.nn.functional.dropout(x * 2, 0.25).sin()
+        assert torch.equal(actual.cpu(), expected)
+    ae.wait_for_compiles(120)
+    assert ae.counters()["compiled_launches"] == 0  # random graphs stay in replay: eager's numbers
+
+
+def test_factories_and_host_copies_are_recorded_without_waiting() -> None:
+    x = torch.ones(3, device="neuron")
+    y = x * 2
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    steps = torch.arange(2, 20, 3, device="neuron", dtype=torch.float32)
+    positions = torch.arange(10, device="neuron")
+    small = torch.tensor([1.0, 2.0, 3.0]).to("neuron")
+    made_here = torch.tensor([4.0, 5.0, 6.0], device="neuron")
+    host = torch.tensor([7.0, 8.0, 9.0])
+    y.copy_(host)  # into a tensor a queued launch writes: staged, then copied in stream order
+    host.fill_(0.0)  # the copy took the values it had
+    z = torch.zeros(4, device="neuron")
+    z[1:].copy_(torch.tensor([1.0, 2.0, 3.0]))
+    counters = ae.counters()
+    assert counters["syncs"] == {} and counters["inline_by_op"] == {}, counters
+    assert torch.equal(steps.cpu(), torch.arange(2, 20, 3, dtype=torch.float32))
+    assert torch.equal(positions.cpu(), torch.arange(10))
+    assert torch.equal(small.cpu(), torch.tensor([1.0, 2.0, 3.0]))
+    assert torch.equal(made_here.cpu(), torch.tensor([4.0, 5.0, 6.0]))
+    assert torch.equal(y.cpu(), torch.tensor([7.0, 8.0, 9.0]))
+    assert torch.equal(z.cpu(), torch.tensor([0.0, 1.0, 2.0, 3.0]))

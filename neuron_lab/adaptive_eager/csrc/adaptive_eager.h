@@ -84,6 +84,13 @@ void never_record(const c10::OperatorHandle& op, const std::string& why);
 // not used again: the op replays through its functional kernel and a copy.
 bool out_twin_refused(const c10::OperatorHandle& op);
 void refuse_out_twin(const c10::OperatorHandle& op);
+// After an op that try_record refused so as to learn its result metadata ran inline:
+// the metadata of its results (on `stack`) answers the same call from then on.
+void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+// A copy from host memory into a neuron tensor without waiting for the device (a result
+// just made takes the bytes now; another tensor gets them through staged device memory
+// and a recorded copy); false when it must run inline.
+bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src);
 // Before an op runs inline on the caller's thread: launches what is buffered
 // and waits for every launch that uses the given tensors' memory.
 void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason);
@@ -121,6 +128,10 @@ struct OpClass {
   // A functional op's out= overload (same arguments, then one out tensor per result):
   // replay writes the results straight into the memory the recorder gave them.
   std::optional<c10::OperatorHandle> out_twin;
+  // Its meta kernel is torch's Python code (torch._meta_registrations, refs): the first
+  // call imports torch._dynamo and more (about a second). Until that is loaded anyway,
+  // the op's result metadata is learned from running it inline once per signature.
+  bool python_meta = false;
 };
 
 struct Record {

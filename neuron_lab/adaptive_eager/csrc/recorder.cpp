@@ -22,6 +22,8 @@
 #include <ATen/Context.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 #include <c10/core/impl/PyObjectSlot.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -29,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
@@ -90,10 +93,6 @@ void Counters::reset() {
 
 namespace {
 
-bool draws_from_cpu_default_generator(const c10::FunctionSchema& schema) {
-  return schema.name() == "aten::native_dropout";
-}
-
 bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
 bool is_tensor_list_type(const c10::TypePtr& t) {
   return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->expectRef<c10::ListType>().getElementType());
@@ -134,6 +133,20 @@ std::optional<c10::OperatorHandle> out_twin_of(const c10::OperatorHandle& op) {
   return std::nullopt;
 }
 
+// Whether the op's Meta kernel is Python code of torch itself (the dispatcher's
+// registration record names the file).
+bool meta_kernel_is_torch_python(const c10::OperatorHandle& op) {
+  const std::string state = op.dumpState();
+  const std::string marker = "\nMeta: registered at ";
+  const auto at = state.find(marker);
+  if (at == std::string::npos) return false;
+  const auto end = state.find('\n', at + marker.size());
+  const std::string where = state.substr(at + marker.size(), end - at - marker.size());
+  return where.find(".py:") != std::string::npos &&
+         where.find(std::string("torch") + static_cast<char>(std::filesystem::path::preferred_separator)) !=
+             std::string::npos;
+}
+
 OpClass classify_uncached(const c10::OperatorHandle& op) {
   OpClass c;
   const auto& schema = op.schema();
@@ -146,7 +159,6 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
     return refuse("its output depends on data");
   }
   if (op.hasTag(at::Tag::inplace_view)) return refuse("it changes a tensor's metadata in place");
-  if (draws_from_cpu_default_generator(schema)) return refuse("it draws from the host's default generator");
   // Their meta kernels give other shapes than the CPU kernels for some inputs
   // (batch norm's saved statistics in eval mode, FFTs' onesided lengths,
   // embedding_bag's offsets buffers).
@@ -186,6 +198,7 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
     c.return_arg.push_back(found);
   }
   c.recordable = true;
+  c.python_meta = meta_kernel_is_torch_python(op);
   if (c.functional && std::all_of(c.return_arg.begin(), c.return_arg.end(), [](int a) { return a < 0; })) {
     c.out_twin = out_twin_of(op);
   }
@@ -261,6 +274,10 @@ struct TensorMeta {
 struct MetaResult {
   bool ok = false;
   std::vector<std::vector<TensorMeta>> returns;  // one entry per fresh return (lists hold several)
+  // Empty out= arguments the kernel resizes (what a composite factory such as arange
+  // passes, at::empty({0}) then arange.out): their new metadata, by argument index.
+  std::vector<std::pair<size_t, TensorMeta>> resized_empty_outs;
+  bool learn = false;  // not known yet: the caller runs the op inline and learns its metadata
 };
 
 template <typename T>
@@ -361,6 +378,7 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
   for (size_t i = 0; i < n; ++i) stack.push_back(to_meta_value(args[i]));
   // Meta tensors of the written arguments, to see whether the kernel resizes them.
   struct Written {
+    size_t index;
     at::Tensor meta;
     std::vector<int64_t> sizes, strides;
   };
@@ -368,7 +386,7 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
   for (size_t i = 0; i < n; ++i) {
     if (cls.write_arg[i] && stack[i].isTensor() && stack[i].toTensor().defined()) {
       const auto& t = stack[i].toTensor();
-      written.push_back({t, t.sizes().vec(), t.strides().vec()});
+      written.push_back({i, t, t.sizes().vec(), t.strides().vec()});
     }
   }
   try {
@@ -376,10 +394,13 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
   } catch (const std::exception&) {
     return r;  // no meta kernel, or it needs data: run the op inline
   }
-  // An out= argument the kernel resizes changes metadata the user already
-  // holds: only an inline run may do that.
+  // An out= argument the kernel resizes changes metadata the user already holds:
+  // only an inline run may do that, unless it is an empty one (try_record checks that
+  // nobody but the composite kernel that made it holds it).
   for (const auto& w : written) {
-    if (w.meta.sizes() != c10::IntArrayRef(w.sizes) || w.meta.strides() != c10::IntArrayRef(w.strides)) return r;
+    if (w.meta.sizes() == c10::IntArrayRef(w.sizes) && w.meta.strides() == c10::IntArrayRef(w.strides)) continue;
+    if (c10::multiply_integers(w.sizes) != 0 || !cls.has_out_args) return r;
+    r.resized_empty_outs.push_back({w.index, {w.meta.sizes().vec(), w.meta.strides().vec(), w.meta.scalar_type()}});
   }
   const size_t num_returns = op.schema().returns().size();
   if (stack.size() != num_returns) return r;
@@ -407,25 +428,73 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
   return r;
 }
 
-const MetaResult& meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n,
-                           MetaResult& scratch) {
-  static std::mutex mutex;
-  static auto* cache = new std::unordered_map<std::string, MetaResult>();
+using MetaPtr = std::shared_ptr<const MetaResult>;
+std::mutex g_meta_mutex;
+std::unordered_map<std::string, MetaPtr>& meta_cache() {
+  static auto* cache = new std::unordered_map<std::string, MetaPtr>();
+  return *cache;
+}
+
+void remember_meta(std::string key, MetaPtr result) {
+  std::lock_guard<std::mutex> lock(g_meta_mutex);
+  if (meta_cache().size() > 100000) meta_cache().clear();
+  meta_cache().insert_or_assign(std::move(key), std::move(result));
+}
+
+// Whether torch's Python meta kernels are cheap to call: what their first call imports
+// (torch._dynamo) is loaded already.
+bool python_metas_loaded() {
+  static std::atomic<bool> loaded{false};
+  if (loaded.load(std::memory_order_relaxed)) return true;
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  const PyGILState_STATE gil = PyGILState_Ensure();  // ops run without the GIL
+  static PyObject* name = PyUnicode_InternFromString("torch._dynamo");  // kept for the process
+  PyObject* module = PyImport_GetModule(name);
+  if (module == nullptr) {
+    PyErr_Clear();
+  } else {
+    Py_DECREF(module);
+    loaded = true;
+  }
+  PyGILState_Release(gil);
+  return loaded.load();
+}
+
+// An op refused so that its metadata is learned from an inline run: the signature,
+// and its written arguments' metadata before the run (an op that resizes them stays inline).
+struct Lesson {
+  std::string key;
+  const c10::FunctionSchema* schema = nullptr;
+  std::vector<std::pair<size_t, std::vector<int64_t>>> written_sizes;
+};
+thread_local std::optional<Lesson> tl_lesson;
+
+MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n) {
   std::string key;
   key.reserve(128);
   put(key, static_cast<const void*>(&op.schema()));
   bool cacheable = true;
   for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i]);
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
+    std::lock_guard<std::mutex> lock(g_meta_mutex);
+    auto it = meta_cache().find(key);
+    if (it != meta_cache().end()) return it->second;
   }
-  scratch = compute_meta(op, cls, args, n);
-  if (!cacheable) return scratch;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (cache->size() > 100000) cache->clear();
-  return cache->emplace(std::move(key), scratch).first->second;
+  if (cls.python_meta && cacheable && !python_metas_loaded()) {
+    Lesson lesson{key, &op.schema(), {}};
+    for (size_t i = 0; i < n; ++i) {
+      if (cls.write_arg[i] && args[i].isTensor() && args[i].toTensor().defined()) {
+        lesson.written_sizes.emplace_back(i, args[i].toTensor().sizes().vec());
+      }
+    }
+    tl_lesson = std::move(lesson);
+    auto unknown = std::make_shared<MetaResult>();
+    unknown->learn = true;
+    return unknown;
+  }
+  auto computed = std::make_shared<const MetaResult>(compute_meta(op, cls, args, n));
+  if (cacheable) remember_meta(std::move(key), computed);
+  return computed;
 }
 
 // ---- the outputs a structured kernel just made ---------------------------------------
@@ -436,14 +505,16 @@ const MetaResult& meta_for(const c10::OperatorHandle& op, const OpClass& cls, co
 thread_local std::array<const c10::TensorImpl*, 4> tl_fresh{};
 thread_local size_t tl_fresh_next = 0;
 
-bool is_fresh_output(const at::Tensor& t) {
+bool just_made_here(const at::Tensor& t) {
   const auto* impl = t.unsafeGetTensorImpl();
-  if (t.numel() == 0 || impl->pyobj_slot()->load_pyobj() != nullptr) return false;
+  if (impl->pyobj_slot()->load_pyobj() != nullptr) return false;
   for (const auto* f : tl_fresh) {
     if (f == impl) return true;
   }
   return false;
 }
+
+bool is_fresh_output(const at::Tensor& t) { return t.numel() > 0 && just_made_here(t); }
 
 }  // namespace
 
@@ -603,6 +674,7 @@ bool refuse(const char* why) {
 }  // namespace
 
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  tl_lesson.reset();  // a lesson belongs to the call that set it, and no later one
   if (mode() == Mode::Blocking || on_device_thread()) return refuse(nullptr);
   RecordTimer timer;
   const OpClass& cls = classify(op);
@@ -640,11 +712,28 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!scan.ok) return refuse("it mixes devices or reads host memory");
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
 
-  MetaResult scratch;
-  const MetaResult* meta = nullptr;
+  MetaPtr meta;
   if (cls.functional || !scan.out_args_fresh) {
-    meta = &meta_for(op, cls, stack->data() + begin, n, scratch);
+    meta = meta_for(op, cls, stack->data() + begin, n);
+    if (meta->learn) {
+      return refuse("its result shapes are learned from this first run: its meta kernel is torch's Python code, "
+                    "whose first call imports torch._dynamo");
+    }
     if (!meta->ok) return refuse("its result shapes cannot be known without running it (data-dependent or no meta kernel)");
+    for (const auto& [index, m] : meta->resized_empty_outs) {
+      const auto& v = (*stack)[begin + index];
+      if (!v.isTensor() || !just_made_here(v.toTensor()) || v.toTensor().storage().use_count() != 1) {
+        return refuse("it resizes an out= tensor that others may hold");
+      }
+    }
+    // Empty outputs a composite kernel just made take the size the kernel will give
+    // them, in new pending memory (nobody else holds them).
+    for (const auto& [index, m] : meta->resized_empty_outs) {
+      const auto& t = (*stack)[begin + index].toTensor();
+      auto sized = empty_pending(m.sizes, m.strides, t.scalar_type(), scan.device);
+      t.unsafeGetTensorImpl()->set_storage_keep_dtype(sized.storage());
+      t.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes, m.strides);
+    }
   }
 
   Record r{op};
@@ -735,6 +824,78 @@ bool set_recording_torch_compile_graph(bool on) {
   const bool previous = tl_in_torch_compile_graph;
   tl_in_torch_compile_graph = on;
   return previous;
+}
+
+void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  if (!tl_lesson.has_value()) return;
+  Lesson lesson = std::move(*tl_lesson);
+  tl_lesson.reset();
+  if (lesson.schema != &op.schema()) return;  // another op ran inline in between
+  const auto& cls = classify(op);
+  const size_t n_args = op.schema().arguments().size();
+  const size_t n_returns = op.schema().returns().size();
+  MetaResult learned;
+  learned.ok = true;
+  for (size_t i = 0; i < n_returns && learned.ok; ++i) {
+    const auto& v = stack[stack.size() - n_returns + i];
+    if (cls.return_arg[i] >= 0) {
+      // An out= or in-place result: the op may not change its shape, unless it was an
+      // empty out= tensor (a composite factory's), which takes the size the op gives it.
+      const size_t arg = static_cast<size_t>(cls.return_arg[i]);
+      const auto before = std::find_if(lesson.written_sizes.begin(), lesson.written_sizes.end(),
+                                       [&](const auto& w) { return w.first == arg; });
+      if (!v.isTensor() || before == lesson.written_sizes.end()) {
+        learned.ok = false;
+      } else if (v.toTensor().sizes() != c10::IntArrayRef(before->second)) {
+        const auto& t = v.toTensor();
+        learned.ok = c10::multiply_integers(before->second) == 0 && cls.has_out_args;
+        learned.resized_empty_outs.push_back({arg, {t.sizes().vec(), t.strides().vec(), t.scalar_type()}});
+      }
+      continue;
+    }
+    std::vector<TensorMeta> metas;
+    auto add = [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != kNeuron) return false;
+      metas.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type()});
+      return true;
+    };
+    if (v.isTensor()) {
+      learned.ok = add(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) learned.ok = learned.ok && add(t);
+    } else {
+      learned.ok = false;
+    }
+    learned.returns.push_back(std::move(metas));
+  }
+  (void)n_args;
+  remember_meta(std::move(lesson.key), std::make_shared<const MetaResult>(std::move(learned)));
+}
+
+bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) {
+  if (mode() == Mode::Blocking || on_device_thread() || !lazy_allocation()) return false;
+  if (src.layout() != c10::kStrided || dst.layout() != c10::kStrided || src.is_conj() || src.is_neg() ||
+      dst.is_conj() || dst.is_neg() || src.device().type() != c10::kCPU) {
+    return false;
+  }
+  RecordTimer timer;
+  if (is_pending(dst.storage()) && just_made_here(dst) && dst.storage().use_count() == 1) {
+    // A result just made (.to("neuron"), torch.tensor(..., device="neuron")): no launch
+    // uses its memory and nobody else holds it, so the copy happens now, on the host.
+    materialize(dst.storage());
+    host_view(dst).copy_(src);
+    tl_fresh.fill(nullptr);
+    return true;
+  }
+  // Any other tensor: the host data is staged in device memory now (the host tensor
+  // may change afterwards), and the copy into `dst` takes its place in stream order.
+  auto staging = empty_pending(src.sizes(), c10::contiguous_strides(src.sizes()), src.scalar_type(),
+                               dst.device().index());
+  materialize(staging.storage());
+  host_view(staging).copy_(src);
+  static const auto copy = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+  torch::jit::Stack stack{dst, staging, false};
+  return try_record(copy, &stack);
 }
 
 void note_sync(const char* reason) { counters().count_sync(reason); }

@@ -11,7 +11,6 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
@@ -243,31 +242,6 @@ bool is_optional_generator(const c10::Argument& arg) {
   return type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
-// Random ops without a Generator argument draw from the CPU default generator.
-bool draws_from_default_generator(const c10::FunctionSchema& schema) {
-  return schema.name() == "aten::native_dropout";
-}
-
-// Runs such an op with the CPU default generator temporarily holding the state
-// of the neuron core's generator, so that the draws come from (and advance) the
-// neuron generator. Not safe against CPU random ops running at the same moment
-// in another thread.
-void run_with_device_generator(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                               c10::DeviceIndex device) {
-  auto cpu_default = at::detail::getDefaultCPUGenerator();
-  auto device_host = host_generator(default_generator(device));
-  auto saved = cpu_default.get_state();
-  cpu_default.set_state(device_host.get_state());
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  } catch (...) {
-    cpu_default.set_state(saved);
-    throw;
-  }
-  device_host.set_state(cpu_default.get_state());
-  cpu_default.set_state(saved);
-}
-
 bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
 
 }  // namespace
@@ -342,25 +316,29 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.check_devices();
 
   const auto device = call.device();
-  // Random ops draw from the neuron generator (its CPU twin), never from the CPU's.
+  // Random ops draw from the neuron generator (its CPU twin), never from the CPU's,
+  // and after the recorded random ops before them have drawn (they draw when the
+  // device runs them): the same numbers, in the same order, as eager mode.
+  bool draws = false;
   for (size_t i = 0; i < num_args; ++i) {
     auto& value = (*stack)[begin + i];
     if (value.isGenerator()) {
       const auto& gen = value.toGenerator();
-      if (gen.device().type() == kNeuron) value = host_generator(gen);
+      if (gen.device().type() == kNeuron) {
+        value = host_generator(gen);
+        draws = true;
+      }
     } else if (value.isNone() && is_optional_generator(args[i])) {
       value = host_generator(default_generator(device));
+      draws = true;
     }
   }
+  if (draws && !on_device_thread()) synchronize_device(device, "random op");
 
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     LaunchScope launch(device, schema.operator_name().name.c_str(), /*synced=*/true);
-    if (draws_from_default_generator(schema)) {
-      run_with_device_generator(op, stack, device);
-    } else {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
   op_counters().fallback_ops += 1;
   call.write_back();
@@ -380,6 +358,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       value = std::move(out);
     }
   }
+  lazy::learn_from_inline_run(op, *stack);  // the next such call can be recorded
 }
 
 namespace {

@@ -114,6 +114,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
       counters.device_to_device_bytes += bytes;
       return dst;
     }
+  } else if (dst_on_device && lazy::try_copy_from_host(dst, self)) {
+    counters.host_to_device_bytes += bytes;  // without waiting for the device
+    return dst;
   }
   // Host memory is involved: the copy happens now, after the launches that use
   // the device memory (a read of results from the host waits for them).

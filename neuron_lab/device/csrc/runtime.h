@@ -7,6 +7,7 @@
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
 //   cuda_parity.cpp  ops CUDA runs for more dtypes than the CPU kernels (integer histc)
+//   random_kernels.cpp  random ops that draw from the core's generator (native_dropout)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   bindings.cpp   the Python module `neuron_lab.device._C`
