@@ -38,6 +38,11 @@ if ! NEURON_LAB_SKIP_EXTENSION=1 "${UV[@]}" --no-build-isolation -e ".[test]"; t
   echo "setup: uv could not install the package; falling back to pip" >&2
   NEURON_LAB_SKIP_EXTENSION=1 "${PIP[@]}" install --no-build-isolation -e ".[test]"
 fi
+# Bytecode for every installed module: uv installs without it and PYTHONDONTWRITEBYTECODE
+# (set in some containers) keeps Python from writing it, so every fresh process (a test
+# worker, a notebook kernel, torchrun's ranks) would compile torch from source, ~1.5 s
+# more per `import torch`. A no-op when the bytecode is current.
+"$VENV/bin/python" -m compileall -q -j0 "$VENV/lib" > build/compileall.log 2>&1 || true
 if ! "$VENV/bin/python" setup.py -q build_ext --inplace > build/extension.log 2>&1; then
   cat build/extension.log >&2
   echo "setup: building the C++ extension failed (log above)" >&2

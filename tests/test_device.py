@@ -134,6 +134,46 @@ def test_any_first_import_loads_the_device_cleanly(first: str) -> None:
     assert result.stdout.split() == ["neuron:0", "True"]
 
 
+_STATE_OF_THE_PROCESS = """
+    import os, sys, threading
+    import torch
+    import torch.fx._symbolic_trace as fx_trace
+    def state():
+        patched = getattr(fx_trace.is_fx_symbolic_tracing, "_neuron_lab", False) or \\
+            getattr(fx_trace._Patcher.patch, "_neuron_lab", False)
+        return [len(os.listdir("/proc/self/task")), sorted(t.name for t in threading.enumerate()),
+                torch._C._is_multithreading_enabled(), patched, "torch._dynamo" in sys.modules]
+"""
+
+
+def test_import_torch_starts_no_thread_and_changes_nothing() -> None:
+    """With neuron_lab installed, ``import torch`` registers the device and nothing else:
+    no thread, no patched torch function, autograd's threading as PyTorch sets it; the
+    same process without the device looks the same."""
+    code = _STATE_OF_THE_PROCESS + "\n    print(state())"
+    with_device = run_python(code)
+    without = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
+    assert with_device.returncode == 0 and without.returncode == 0, with_device.stderr + without.stderr
+    assert with_device.stdout == without.stdout, (with_device.stdout, without.stdout)
+    assert "neuron-compiler" not in with_device.stdout
+
+
+def test_the_device_starts_at_first_use_and_the_compiler_when_something_may_compile() -> None:
+    result = run_python(_STATE_OF_THE_PROCESS + """
+    import neuron_lab
+    before = state()
+    (torch.ones(2, device="neuron") + 1).cpu()
+    used = state()
+    neuron_lab.configure(compile=True)
+    compiling = state()
+    print(before[0] < used[0], used[1], used[2], used[3], compiling[1], compiling[3])
+    """)
+    assert result.returncode == 0, result.stderr
+    # a device thread, backward on the calling thread (autograd's threads off), no compiler yet
+    assert result.stdout.split(maxsplit=1)[0] == "True"
+    assert "['MainThread'] False False ['MainThread', 'neuron-compiler'] True" in result.stdout, result.stdout
+
+
 def test_autoload_can_be_turned_off() -> None:
     result = run_python(
         "import torch; print(torch._C._get_privateuse1_backend_name())",

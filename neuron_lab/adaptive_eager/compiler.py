@@ -22,7 +22,7 @@ import torch
 
 from neuron_lab.device import _C
 
-__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module"]
+__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module", "install", "is_running"]
 
 _native = _C.adaptive
 
@@ -356,10 +356,6 @@ def _install_thread_local_fx_patches() -> None:
     patcher.patch_method = patch_method
 
 
-_install_fx_tracing_check()
-_install_thread_local_fx_patches()
-
-
 def _compile_forever() -> None:
     """The compiler thread: takes hot graphs from the runtime, one at a time."""
     while not _native.compiler_stopping():
@@ -402,12 +398,21 @@ def pending_compiles() -> int:
 
 
 def install() -> None:
-    """Starts the compiler thread (once per process)."""
+    """Starts the compiler thread (once per process), and makes FX's process-wide
+    tracing state safe for it (see the two ``_install_*`` functions): only once
+    something may compile."""
     global _thread
     with _thread_lock:
         if _thread is None or not _thread.is_alive():
+            _install_fx_tracing_check()
+            _install_thread_local_fx_patches()
             _thread = threading.Thread(target=_compile_forever, name="neuron-compiler", daemon=True)
             _thread.start()
+
+
+def is_running() -> bool:
+    """Whether the compiler thread has started."""
+    return _thread is not None and _thread.is_alive()
 
 
 def stop() -> None:

@@ -101,6 +101,10 @@ def configure(
         raise ValueError(f"compile_after must be at least 1, got {new['compile_after']}")
     if new["idle_flush_bytes"] < 0:
         raise ValueError(f"idle_flush_bytes must be >= 0, got {new['idle_flush_bytes']}")
+    if new["compile"]:
+        from neuron_lab.adaptive_eager import compiler
+
+        compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
                       new["capture_source"])
     return policy()

@@ -352,9 +352,11 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optiona
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+    from neuron_lab.adaptive_eager import compiler
     from neuron_lab.compile import device_interface
 
     device_interface.register()
+    compiler.install()  # its async graphs compile in the background once hot
     launch_kind, config_patches = _launch_and_config(mode, options)
     kind, cause = _note_frame(example_inputs)
     _log(kind, f"torch.compile graph ({sum(1 for n in gm.graph.nodes if n.op == 'call_function')} ops)", cause)

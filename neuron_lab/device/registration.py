@@ -92,8 +92,5 @@ def register() -> None:
 
         from neuron_lab.device.autograd_threads import backward_on_calling_thread
 
-        backward_on_calling_thread()
-
-        from neuron_lab import adaptive_eager
-
-        adaptive_eager.start()
+        # The thread that first uses the device runs its backward passes (see autograd_threads).
+        on_first_use(backward_on_calling_thread)
