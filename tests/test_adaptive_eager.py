@@ -819,3 +819,60 @@ def test_factories_and_host_copies_are_recorded_without_waiting() -> None:
     assert torch.equal(made_here.cpu(), torch.tensor([4.0, 5.0, 6.0]))
     assert torch.equal(y.cpu(), torch.tensor([7.0, 8.0, 9.0]))
     assert torch.equal(z.cpu(), torch.tensor([0.0, 1.0, 2.0, 3.0]))
+
+
+# ---- flushing and the bounded graph cache -----------------------------------------------
+
+
+def test_an_idle_device_gets_buffered_work_before_any_wait() -> None:
+    """Small ops reach an idle device in batches of idle_flush_ops: the device computes
+    while the host records the rest (generate() reads a token back every step)."""
+    neuron_lab.configure(idle_flush_ops=8, idle_flush_bytes=1 << 30)
+    x = torch.randn(16, device="neuron")
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    y = x
+    for _ in range(8):  # the eighth op finds the device idle (nothing else runs) and launches
+        y = y + 1
+    before_any_wait = ae.counters()
+    assert before_any_wait["flushes"].get("device idle", 0) == 1, before_any_wait["flushes"]
+    assert before_any_wait["ops_recorded"] == 8
+    torch.testing.assert_close(y.cpu(), x.cpu() + 8)
+
+
+def test_the_graph_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
+    neuron_lab.configure(graph_cache_size=3)
+    xs = [torch.randn(n + 1, device="neuron") for n in range(8)]  # eight shapes: eight graphs
+    torch.neuron.synchronize()
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    for x in xs:
+        y = x * 2 + 1
+        torch.neuron.synchronize()
+        torch.testing.assert_close(y.cpu(), x.cpu() * 2 + 1)
+    assert len(ae.graphs()) == 3
+    assert ae.counters()["graphs_evicted"] == 5
+    assert all(g["first_op"] == "aten::mul" and g["ops"] == 2 for g in ae.graphs()), ae.graphs()
+    # The most recent three stay cached and hit; an evicted one is rebuilt, correctly.
+    ae.reset_counters()
+    y = xs[-1] * 2 + 1
+    torch.neuron.synchronize()
+    assert ae.counters()["cache_hits"] == 1
+    y = xs[0] * 2 + 1
+    torch.neuron.synchronize()
+    assert ae.counters()["graphs_built"] == 1 and ae.counters()["graphs_evicted"] == 1
+    torch.testing.assert_close(y.cpu(), xs[0].cpu() * 2 + 1)
+
+
+def test_a_session_of_varied_shapes_keeps_the_cache_and_explanations_bounded() -> None:
+    """A notebook run a few dozen times with new shapes each time must not grow without
+    bound: the cache holds graph_cache_size graphs, and why-slow explanations still name
+    the recent graphs."""
+    neuron_lab.configure(graph_cache_size=16)
+    ae.clear_graph_cache()
+    for n in range(200):
+        x = torch.randn(n + 1, device="neuron")
+        y = (x * 2).relu().sum()
+        assert y.item() == pytest.approx((x.cpu() * 2).relu().sum().item(), rel=1e-5, abs=1e-5)
+    assert len(ae.graphs()) == 16
+    assert ae.counters()["graphs_evicted"] >= 200 - 16

@@ -69,13 +69,16 @@ def configure(
     compile_after: Optional[int] = None,
     compile: Optional[bool] = None,
     capture_source: Optional[bool] = None,
+    graph_cache_size: Optional[int] = None,
+    idle_flush_ops: Optional[int] = None,
 ) -> dict:
     """Sets knobs of adaptive eager; returns the resulting policy.
 
     max_ops: most ops in one graph (default 256; ``NEURON_LAB_MAX_GRAPH_OPS``).
-    idle_flush_bytes: when the device is idle and this many bytes of results are
-        buffered, they are launched at once instead of waiting to grow, unless a
-        cached graph starts the same way (default 1 MiB).
+    idle_flush_bytes, idle_flush_ops: when the device is idle and this many bytes of
+        results (default 1 MiB) or this many ops (default 32) are buffered, they are
+        launched at once instead of waiting to grow (with ``compile=True``: unless a
+        cached graph starts the same way, so that hot graphs stay the same).
     compile_after: launches of one graph before it is compiled with TorchInductor
         in the background (default 10; ``NEURON_LAB_COMPILE_AFTER``).
     compile: the compiled tier for graphs of eager code (default False;
@@ -86,6 +89,8 @@ def configure(
         ``torch.compile(backend="neuron")`` code compile whatever this says: their user
         asked for compiled code.
     capture_source: record each op's user source line (for errors and the profiler).
+    graph_cache_size: graphs the cache holds at most; beyond, the least recently used
+        is evicted (default 1024; ``counters()["graphs_evicted"]`` counts them).
     """
     current = _native.policy()
     new = {
@@ -94,6 +99,8 @@ def configure(
         "compile_after": current["compile_after"] if compile_after is None else int(compile_after),
         "compile": current["compile"] if compile is None else bool(compile),
         "capture_source": current["capture_source"] if capture_source is None else bool(capture_source),
+        "graph_cache_size": current["graph_cache_size"] if graph_cache_size is None else int(graph_cache_size),
+        "idle_flush_ops": current["idle_flush_ops"] if idle_flush_ops is None else int(idle_flush_ops),
     }
     if new["max_ops"] < 1:
         raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
@@ -101,12 +108,16 @@ def configure(
         raise ValueError(f"compile_after must be at least 1, got {new['compile_after']}")
     if new["idle_flush_bytes"] < 0:
         raise ValueError(f"idle_flush_bytes must be >= 0, got {new['idle_flush_bytes']}")
+    if new["idle_flush_ops"] < 1:
+        raise ValueError(f"idle_flush_ops must be at least 1, got {new['idle_flush_ops']}")
+    if new["graph_cache_size"] < 1:
+        raise ValueError(f"graph_cache_size must be at least 1, got {new['graph_cache_size']}")
     if new["compile"]:
         from neuron_lab.adaptive_eager import compiler
 
         compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
-                      new["capture_source"])
+                      new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"])
     return policy()
 
 

@@ -20,7 +20,8 @@ def counters() -> dict:
     code dropped because the graph's floating-point scalars changed), inline_ops (ops run
     on the calling thread: host reads, data-dependent shapes, ...; by op in
     ``inline_by_op``), dead_intermediate_bytes (results that never took device
-    memory), live_result_bytes, flushes (by reason) and syncs (host waits, by reason).
+    memory), live_result_bytes, graphs_evicted (least recently used graphs dropped from
+    the bounded cache), flushes (by reason) and syncs (host waits, by reason).
     """
     return dict(_native.counters())
 

@@ -14,9 +14,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <functional>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -46,6 +49,7 @@ void set_mode(Mode m);  // finishes all pending work first
 struct Policy {
   std::atomic<int64_t> max_ops{256};             // a graph never holds more ops
   std::atomic<int64_t> idle_flush_bytes{1 << 20};  // an idle device gets this much work at once
+  std::atomic<int64_t> idle_flush_ops{32};         // ... or this many ops
   std::atomic<int64_t> compile_after{10};        // launches of a graph before it is compiled
   // The compiled tier for graphs of eager code. Off by default: TorchInductor's code
   // rounds differently from the CPU kernels, so results would change in the last bits,
@@ -54,6 +58,7 @@ struct Policy {
   // always compile.
   std::atomic<bool> compile{false};
   std::atomic<bool> capture_source{true};        // user source line per op
+  std::atomic<int64_t> graph_cache_size{1024};   // graphs cached at most (least recently used evicted)
 };
 Policy& policy();
 
@@ -62,7 +67,7 @@ struct Counters {
   std::atomic<uint64_t> ops_recorded{0}, launches{0}, graph_launches{0}, graphs_built{0}, cache_hits{0},
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
-      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0};
+      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0};
   std::mutex mutex;
   std::map<std::string, uint64_t> flushes;  // by reason
   std::map<std::string, uint64_t> syncs;    // by reason
@@ -179,11 +184,14 @@ struct Graph {
   enum State : int { Cold = 0, Compiling = 1, Compiled = 2, CompileFailed = 3, NotCompilable = 4, Rejected = 5 };
   static constexpr int64_t kTrialRuns = 5;  // compiled runs before the tiers are compared
   int64_t id = 0;
-  std::vector<int64_t> key;
+  std::vector<int64_t> key;          // its structure (graph_cache.cpp)
+  std::vector<uint32_t> op_offsets;  // where each op's words begin in `key`
+  size_t words_end = 0;              // where the ops' words end (storage words follow)
+  uint64_t key_hash = 0, ops_hash = 0, first_record_hash = 0;
+  std::list<std::shared_ptr<Graph>>::iterator lru;  // its place in the cache's recency list
   int64_t n_ops = 0;
   bool from_torch_compile = false;  // every op came from a torch.compile graph (see Policy::compile)
   std::string first_op, source, flush_reason, note;
-  std::vector<std::string> signature;  // per op: name and inputs, to explain the next graph's cause
   std::string cause;                   // why it was built (what differed from the closest cached graph)
   std::atomic<int64_t> hits{0};
   std::atomic<int> state{Cold};
@@ -198,6 +206,25 @@ struct Graph {
   int64_t replay_runs = 0, replay_ns = 0, compiled_runs = 0, compiled_ns = 0;
   void note_run(bool compiled, int64_t ns);
 };
+
+// ---- graph_cache.cpp --------------------------------------------------------------------
+// A launch's structure as words, with where each op's words begin; its floating-point
+// scalars apart (launches that differ only in them share a graph).
+struct GraphKey {
+  std::vector<int64_t> words;
+  std::vector<uint32_t> op_offsets;
+  std::vector<int64_t> scalars;
+  const char* uncompilable = nullptr;
+};
+GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse>& storages,
+                const std::unordered_map<const c10::StorageImpl*, int>& index);
+// The cached graph with this key (hit), or a new one, built and explained in the event
+// log; `under_lock` runs with the cache's lock held (which guards the graphs' scalars).
+std::shared_ptr<Graph> find_or_build_graph(GraphKey&& key, const std::vector<Record>& records,
+                                           const std::string& flush_reason, bool& hit,
+                                           const std::function<void(Graph&, bool built)>& under_lock);
+// A record's inputs as text: "(Float[2, 3], 1, None)".
+std::string shapes_of(const Record& r);
 
 // Turns buffered records into one launch on the stream (flush).
 void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason);

@@ -163,166 +163,6 @@ void unpoison(const c10::StorageImpl* storage) {
   g_poison_count = poison_table().size();
 }
 
-// ---- the graph cache --------------------------------------------------------------------
-
-std::mutex g_cache_mutex;
-std::unordered_map<uint64_t, std::vector<std::shared_ptr<Graph>>>& cache() {
-  static auto* c = new std::unordered_map<uint64_t, std::vector<std::shared_ptr<Graph>>>();
-  return *c;
-}
-std::unordered_set<uint64_t>& graph_starts() {
-  static auto* s = new std::unordered_set<uint64_t>();
-  return *s;
-}
-std::atomic<int64_t> g_next_graph_id{1};
-
-uint64_t hash_words(const std::vector<int64_t>& words) {
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t w : words) {
-    h ^= static_cast<uint64_t>(w);
-    h *= 1099511628211ull;
-    h ^= h >> 29;
-  }
-  return h;
-}
-
-// The structure of a graph as words: op sequence, each argument's metadata
-// (shapes, strides, dtypes, which memory it uses), integer and boolean values,
-// and which results are dead. Floating-point scalars (a learning rate, Adam's
-// bias corrections) go to `scalars` instead: launches that differ only in them
-// share a graph, replay with their own values, and run compiled code only
-// while they equal the values it was compiled with (Graph::compiled_scalars).
-class KeyBuilder {
- public:
-  explicit KeyBuilder(const std::unordered_map<const c10::StorageImpl*, int>* storage_index)
-      : index_(storage_index) {}
-
-  void tensor(const at::Tensor& t) {
-    if (!t.defined()) return put(1);
-    if (on_device(t)) {
-      put(2);
-      put(index_ != nullptr ? index_->at(t.storage().unsafeGetStorageImpl()) : 0);
-    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
-      put(3);
-      put(static_cast<int64_t>(t.scalar_type()));
-      const auto s = wrapped_number_value(t);
-      if (s.isFloatingPoint()) {
-        scalars.push_back(double_bits(s.toDouble()));
-      } else if (s.isComplex()) {
-        put(double_bits(s.toComplexDouble().real())), put(double_bits(s.toComplexDouble().imag()));
-      } else {
-        put(s.toLong());
-      }
-      return;
-    } else {
-      put(4);
-    }
-    put(static_cast<int64_t>(t.scalar_type()));
-    put(t.dim());
-    for (auto s : t.sizes()) put(s);
-    for (auto s : t.strides()) put(s);
-    put(t.storage_offset());
-  }
-
-  void value(const c10::IValue& v) {
-    if (v.isTensor()) {
-      tensor(v.toTensor());
-    } else if (v.isNone()) {
-      put(5);
-    } else if (v.isInt()) {
-      put(6), put(v.toInt());
-    } else if (v.isDouble()) {
-      put(7);
-      scalars.push_back(double_bits(v.toDouble()));
-    } else if (v.isBool()) {
-      put(8), put(v.toBool());
-    } else if (v.isIntList()) {
-      put(9);
-      auto l = v.toIntVector();
-      put(static_cast<int64_t>(l.size()));
-      for (auto x : l) put(x);
-    } else if (v.isTensorList()) {
-      put(10);
-      auto l = v.toTensorList();
-      put(static_cast<int64_t>(l.size()));
-      for (const at::Tensor& t : l) tensor(t);
-    } else if (v.isList()) {
-      put(11);
-      auto l = v.toList();
-      put(static_cast<int64_t>(l.size()));
-      for (const c10::IValue& e : l) value(e);
-    } else if (v.isGenerator()) {
-      put(12);
-    } else if (v.isDevice()) {
-      put(13), put(v.toDevice().index());
-    } else if (v.isString()) {
-      put(14), put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
-    } else {
-      put(15), put(static_cast<int64_t>(v.tagKind().size()));
-      uncompilable = "an argument of an unusual type";
-    }
-  }
-
-  void record(const Record& r) {
-    put(reinterpret_cast<int64_t>(&r.op.schema()));
-    put(static_cast<int64_t>(r.args.size()));
-    for (const auto& a : r.args) value(a);
-    put(static_cast<int64_t>(r.outputs.size()));
-    for (const auto& t : r.outputs) tensor(t);
-  }
-
-  void put(int64_t w) { words.push_back(w); }
-
-  std::vector<int64_t> words;
-  std::vector<int64_t> scalars;  // floating-point scalar arguments, as bits, in order
-  const char* uncompilable = nullptr;
-
- private:
-  static int64_t double_bits(double d) {
-    int64_t bits;
-    std::memcpy(&bits, &d, sizeof bits);
-    return bits;
-  }
-
-  const std::unordered_map<const c10::StorageImpl*, int>* index_;
-};
-
-std::string shapes_of(const Record& r) {
-  std::ostringstream out;
-  out << "(";
-  bool first = true;
-  for (const auto& a : r.args) {
-    if (!first) out << ", ";
-    first = false;
-    if (a.isTensor() && a.toTensor().defined() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
-      out << c10::IValue(wrapped_number_value(a.toTensor()));  // a Python number, e.g. the 3 of x * 3
-    } else if (a.isTensor() && a.toTensor().defined()) {
-      const auto& t = a.toTensor();
-      out << t.scalar_type() << t.sizes();
-      if (!on_device(t)) out << " on " << t.device();
-    } else if (a.isTensorList()) {
-      out << "[" << a.toTensorList().size() << " tensors]";
-    } else if (a.isTensor()) {
-      out << "None";
-    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
-      // Tensor?[] (indices): shapes only; printing values would read device memory.
-      out << "[";
-      for (const c10::IValue& e : a.toList()) {
-        if (e.isTensor()) {
-          out << e.toTensor().scalar_type() << e.toTensor().sizes() << " ";
-        } else {
-          out << "None ";
-        }
-      }
-      out << "]";
-    } else {
-      out << a;
-    }
-  }
-  out << ")";
-  return out.str();
-}
-
 // Warnings an out= kernel raises are held until it is known whether its results are
 // kept (a resize warning means they are not, and the functional kernel runs instead).
 class HeldWarnings final : public c10::WarningHandler {
@@ -582,97 +422,9 @@ void Graph::note_run(bool compiled, int64_t ns) {
   }
 }
 
-// ---- why a new graph was built -----------------------------------------------------------
-
 namespace {
-
-std::vector<std::string> signature_of(const std::vector<Record>& records) {
-  std::vector<std::string> sig;
-  sig.reserve(records.size());
-  for (const auto& r : records) sig.push_back(std::string(r.op.schema().operator_name().name) + shapes_of(r));
-  return sig;
-}
-
-std::string op_name(const std::string& sig) { return sig.substr(0, sig.find('(')); }
-
 trace::Source to_trace(SourceLoc loc) { return {loc.file, loc.line}; }
-
-// Compares a new graph with the cached ones (g_cache_mutex held): a graph with
-// the same ops is a recompile, caused by the first op whose inputs differ.
-trace::Event explain_new_graph(const Graph& g, const std::vector<Record>& records) {
-  trace::Event e;
-  e.time_ns = now_ns();
-  e.what = "graph " + std::to_string(g.id) + " (" + std::to_string(g.n_ops) + " op" + (g.n_ops == 1 ? "" : "s") +
-           ", from " + g.first_op + ")";
-  e.graph_id = g.id;
-  e.source = to_trace(records.front().source);
-  const Graph* same_ops = nullptr;
-  const Graph* longest = nullptr;
-  size_t longest_prefix = 0;
-  for (const auto& [h, bucket] : cache()) {
-    for (const auto& other : bucket) {
-      if (other.get() == &g || other->signature.empty()) continue;
-      const auto& a = g.signature;
-      const auto& b = other->signature;
-      size_t k = 0;
-      while (k < a.size() && k < b.size() && op_name(a[k]) == op_name(b[k])) ++k;
-      if (k == a.size() && k == b.size()) {
-        if (same_ops == nullptr || other->id > same_ops->id) same_ops = other.get();
-      } else if (k > longest_prefix) {
-        longest_prefix = k;
-        longest = other.get();
-      }
-    }
-  }
-  if (same_ops != nullptr) {
-    e.kind = "recompile";
-    for (size_t i = 0; i < g.signature.size(); ++i) {
-      if (g.signature[i] == same_ops->signature[i]) continue;
-      const auto& now = g.signature[i];
-      const auto& then = same_ops->signature[i];
-      e.detail = "op " + std::to_string(i + 1) + " " + op_name(now) + " got inputs " +
-                 now.substr(now.find('(')) + "; cached graph " + std::to_string(same_ops->id) + " has " +
-                 then.substr(then.find('('));
-      e.source = to_trace(records[i].source);
-      return e;
-    }
-    e.detail = "same ops and input shapes as graph " + std::to_string(same_ops->id) +
-               ", but the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
-    return e;
-  }
-  e.kind = "new_graph";
-  if (longest != nullptr) {
-    const size_t k = longest_prefix;
-    e.detail = "a new op sequence: its first " + std::to_string(k) + " op" + (k == 1 ? "" : "s") + " match graph " +
-               std::to_string(longest->id) + ", then ";
-    if (k < g.signature.size() && k < longest->signature.size()) {
-      e.detail += "op " + std::to_string(k + 1) + " is " + op_name(g.signature[k]) + " here and " +
-                  op_name(longest->signature[k]) + " there";
-      e.source = to_trace(records[k].source);
-    } else if (k == g.signature.size()) {
-      e.detail += "this graph ends (flushed: " + g.flush_reason + ") where graph " + std::to_string(longest->id) +
-                  " goes on";
-    } else {
-      e.detail += "it goes on where graph " + std::to_string(longest->id) + " ended";
-    }
-  } else {
-    e.detail = "the first graph starting with " + g.first_op + " (flushed: " + g.flush_reason + ")";
-  }
-  return e;
-}
-
 }  // namespace
-
-uint64_t record_hash(const Record& r) {
-  KeyBuilder key(nullptr);
-  key.record(r);
-  return hash_words(key.words);
-}
-
-bool graph_starts_with(uint64_t first_record_hash) {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  return graph_starts().count(first_record_hash) > 0;
-}
 
 void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason) {
   auto l = std::make_shared<Launch>();
@@ -745,78 +497,53 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     }
   }
 
-  std::shared_ptr<Graph> compile_me;
+  bool compile_it = false;
   if (use_cache) {
-    KeyBuilder key(&index);
-    for (const auto& r : l->records) key.record(r);
-    for (const auto& u : storages) {
-      key.put(static_cast<int64_t>(u.storage.nbytes()));
-      key.put(u.dead);
-      key.put(static_cast<int64_t>(u.dtype));
-    }
-    const uint64_t h = hash_words(key.words);
-    std::lock_guard<std::mutex> lock(g_cache_mutex);  // also guards the graphs' scalar fields
-    auto& bucket = cache()[h];
-    for (const auto& g : bucket) {
-      if (g->key == key.words) l->graph = g;
-    }
-    if (l->graph) {
-      c.cache_hits.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      auto g = std::make_shared<Graph>();
-      g->id = g_next_graph_id.fetch_add(1);
-      g->key = std::move(key.words);
-      g->n_ops = static_cast<int64_t>(l->records.size());
-      g->first_op = l->records.front().op.schema().operator_name().name;
-      g->source = describe_source(l->records.front().source);
-      g->flush_reason = reason;
-      g->from_torch_compile = std::all_of(l->records.begin(), l->records.end(),
-                                          [](const Record& r) { return r.in_torch_compile_graph; });
-      const char* why = key.uncompilable;
-      for (const auto& r : l->records) {
-        if (why != nullptr) break;
-        if (r.random) why = "it draws random numbers (replay keeps eager mode's numbers)";
-        if (r.has_host_tensor) why = "it reads a host tensor";
+    GraphKey key = key_of(l->records, storages, index);
+    auto scalars = std::move(key.scalars);
+    const char* uncompilable = key.uncompilable;
+    bool hit = false;
+    l->graph = find_or_build_graph(std::move(key), l->records, reason, hit, [&](Graph& g, bool built) {
+      if (built) {
+        g.from_torch_compile = std::all_of(l->records.begin(), l->records.end(),
+                                           [](const Record& r) { return r.in_torch_compile_graph; });
+        const char* why = uncompilable;
+        for (const auto& r : l->records) {
+          if (why != nullptr) break;
+          if (r.random) why = "it draws random numbers (replay keeps eager mode's numbers)";
+          if (r.has_host_tensor) why = "it reads a host tensor";
+        }
+        for (const auto& u : storages) {
+          if (why == nullptr && u.mixed_dtypes) why = "one memory is viewed with two dtypes";
+          if (why == nullptr && u.storage.nbytes() % c10::elementSize(u.dtype) != 0) why = "odd-sized memory";
+        }
+        if (why != nullptr) {
+          g.state = Graph::NotCompilable;
+          g.note = why;
+        }
       }
-      for (const auto& u : storages) {
-        if (why == nullptr && u.mixed_dtypes) why = "one memory is viewed with two dtypes";
-        if (why == nullptr && u.storage.nbytes() % c10::elementSize(u.dtype) != 0) why = "odd-sized memory";
+      g.hits.fetch_add(1);
+      if (g.scalars != scalars) {
+        if (g.runs_with_these_scalars > 0) g.scalar_changes += 1;
+        g.scalars = std::move(scalars);
+        g.runs_with_these_scalars = 0;
       }
-      if (why != nullptr) {
-        g->state = Graph::NotCompilable;
-        g->note = why;
+      g.runs_with_these_scalars += 1;
+      if (g.compiled_scalars != g.scalars) {
+        const int state = g.state.load();
+        if (state == Graph::Compiling || state == Graph::Compiled) l->replay_only = true;
+        int compiled = Graph::Compiled;  // stale constants: recompile once the scalars settle
+        if (g.state.compare_exchange_strong(compiled, Graph::Cold)) c.compiled_stale.fetch_add(1);
       }
-      g->signature = signature_of(l->records);
-      auto event = explain_new_graph(*g, l->records);
-      g->cause = event.detail;
-      event.device = l->device;
-      trace::log_event(std::move(event));
-      bucket.push_back(g);
-      l->graph = g;
-      graph_starts().insert(record_hash(l->records.front()));
-      c.graphs_built.fetch_add(1, std::memory_order_relaxed);
-    }
-    auto& g = *l->graph;
-    g.hits.fetch_add(1);
-    if (g.scalars != key.scalars) {
-      if (g.runs_with_these_scalars > 0) g.scalar_changes += 1;
-      g.scalars = std::move(key.scalars);
-      g.runs_with_these_scalars = 0;
-    }
-    g.runs_with_these_scalars += 1;
-    if (g.compiled_scalars != g.scalars) {
-      const int state = g.state.load();
-      if (state == Graph::Compiling || state == Graph::Compiled) l->replay_only = true;
-      int compiled = Graph::Compiled;  // stale constants: recompile once the scalars settle
-      if (g.state.compare_exchange_strong(compiled, Graph::Cold)) c.compiled_stale.fetch_add(1);
-    }
-    if (g.runs_with_these_scalars >= policy().compile_after.load() &&
-        (policy().compile.load() || g.from_torch_compile) && g.state.load() == Graph::Cold) {
-      g.compiled_scalars = g.scalars;
-      compile_me = l->graph;
-    }
+      if (g.runs_with_these_scalars >= policy().compile_after.load() &&
+          (policy().compile.load() || g.from_torch_compile) && g.state.load() == Graph::Cold) {
+        g.compiled_scalars = g.scalars;
+        compile_it = true;
+      }
+    });
+    (hit ? c.cache_hits : c.graphs_built).fetch_add(1, std::memory_order_relaxed);
   }
-  if (compile_me) request_compile(compile_me, l->records, storages);
+  if (compile_it) request_compile(l->graph, l->records, storages);
   // Dead intermediates get host scratch now, on this thread, unless compiled
   // code (which keeps them in registers and local buffers) will run the graph.
   if (!l->graph || l->replay_only || l->graph->state.load() != Graph::Compiled) l->give_scratch_once();
@@ -880,47 +607,6 @@ void wait_for_storage(const c10::Storage& storage, const char* reason) {
     pending = it->second;
   }
   for (const auto& a : pending) wait_for(*a.stream, a.seq, reason);
-}
-
-std::vector<GraphInfo> graph_infos() {
-  std::vector<GraphInfo> out;
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  for (const auto& [h, bucket] : cache()) {
-    for (const auto& g : bucket) {
-      std::lock_guard<std::mutex> glock(g->mutex);
-      GraphInfo i;
-      i.id = g->id;
-      i.n_ops = g->n_ops;
-      i.hits = g->hits.load();
-      i.compiled_runs = g->compiled_runs;
-      i.replay_runs = g->replay_runs;
-      i.scalar_changes = g->scalar_changes;
-      i.replay_ms = g->replay_runs ? static_cast<double>(g->replay_ns) / g->replay_runs / 1e6 : 0.0;
-      i.compiled_ms = g->compiled_runs ? static_cast<double>(g->compiled_ns) / g->compiled_runs / 1e6 : 0.0;
-      static const char* tiers[] = {"replay", "compiling", "compiled", "replay (compile failed)",
-                                    "replay (not compilable)", "replay (compiled was slower)"};
-      i.tier = tiers[g->state.load()];
-      i.note = g->note;
-      if (i.note.empty() && g->state.load() == Graph::Cold && g->scalar_changes > 0) {
-        i.note = "its floating-point scalars changed " + std::to_string(g->scalar_changes) +
-                 " time(s) (e.g. Adam's bias corrections): it replays with each launch's values and "
-                 "compiles once they stay the same for compile_after launches";
-      }
-      i.first_op = g->first_op;
-      i.source = g->source;
-      i.flush_reason = g->flush_reason;
-      i.cause = g->cause;
-      out.push_back(std::move(i));
-    }
-  }
-  std::sort(out.begin(), out.end(), [](const GraphInfo& a, const GraphInfo& b) { return a.id < b.id; });
-  return out;
-}
-
-void clear_graph_cache() {
-  std::lock_guard<std::mutex> lock(g_cache_mutex);
-  cache().clear();
-  graph_starts().clear();
 }
 
 }  // namespace neuron::lazy

@@ -189,13 +189,15 @@ void register_bindings(py::module& m) {
   });
   m.def("get_mode", []() { return static_cast<int>(mode()); });
   m.def("configure", [](int64_t max_ops, int64_t idle_flush_bytes, int64_t compile_after, bool compile,
-                        bool capture_source) {
+                        bool capture_source, int64_t graph_cache_size, int64_t idle_flush_ops) {
     auto& p = policy();
+    p.idle_flush_ops = idle_flush_ops;
     p.max_ops = max_ops;
     p.idle_flush_bytes = idle_flush_bytes;
     p.compile_after = compile_after;
     p.compile = compile;
     p.capture_source = capture_source;
+    p.graph_cache_size = graph_cache_size;
   });
   m.def("policy", []() {
     auto& p = policy();
@@ -205,6 +207,8 @@ void register_bindings(py::module& m) {
     d["compile_after"] = p.compile_after.load();
     d["compile"] = p.compile.load();
     d["capture_source"] = p.capture_source.load();
+    d["graph_cache_size"] = p.graph_cache_size.load();
+    d["idle_flush_ops"] = p.idle_flush_ops.load();
     return d;
   });
   m.def("counters", []() {
@@ -227,6 +231,7 @@ void register_bindings(py::module& m) {
     d["inline_ops"] = c.inline_ops.load();
     d["dead_intermediate_bytes"] = c.dead_intermediate_bytes.load();
     d["live_result_bytes"] = c.live_result_bytes.load();
+    d["graphs_evicted"] = c.graphs_evicted.load();
     std::lock_guard<std::mutex> lock(c.mutex);
     d["flushes"] = c.flushes;
     d["syncs"] = c.syncs;

@@ -12,10 +12,11 @@
 //     step's forward is one graph, its backward and optimizer ops the next:
 //     stable graphs, wherever the engine runs backward);
 //   - it holds policy().max_ops ops;
-//   - the device is idle, the buffer holds at least policy().idle_flush_bytes
-//     of results, and no cached graph starts like it (the first time a region
-//     runs, an idle device gets work promptly; afterwards graphs follow the
-//     cache, so a loop settles on the same graphs every iteration);
+//   - the device is idle and the buffer holds at least policy().idle_flush_ops ops
+//     or policy().idle_flush_bytes of results: an idle device gets work promptly,
+//     and computes while the host records the rest (with the compiled tier on, a
+//     buffer that starts like a cached graph waits to complete it, so that a loop
+//     settles on the same graphs every iteration);
 //   - in eager mode or under torch.use_deterministic_algorithms(True): every op.
 #include "adaptive_eager.h"
 
@@ -80,7 +81,7 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes}) {
+                  &live_result_bytes, &graphs_evicted}) {
     c->store(0);
   }
   std::lock_guard<std::mutex> lock(mutex);
@@ -810,12 +811,23 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     flush_locked(b, s, "eager");
   } else if (static_cast<int64_t>(b.records.size()) >= policy().max_ops.load()) {
     flush_locked(b, s, "op limit");
-  } else if (b.bytes >= policy().idle_flush_bytes.load() && stream_idle(s)) {
-    if (!b.first_checked) {
-      b.first_known = graph_starts_with(record_hash(b.records.front()));
-      b.first_checked = true;
+  } else if (!tl_in_torch_compile_graph && stream_idle(s) &&
+             (b.bytes >= policy().idle_flush_bytes.load() ||
+              static_cast<int64_t>(b.records.size()) >= policy().idle_flush_ops.load())) {
+    // An idle device gets the buffered work now: holding it back gains nothing while
+    // graphs replay op by op, and the device computes while the host records the rest
+    // (generate() reads a token back every step). With the compiled tier on, a buffer
+    // that starts like a cached graph waits to complete it, so that hot graphs stay the
+    // same and compile. A torch.compile graph is launched whole at its end.
+    bool hold = false;
+    if (policy().compile.load()) {
+      if (!b.first_checked) {
+        b.first_known = graph_starts_with(record_hash(b.records.front()));
+        b.first_checked = true;
+      }
+      hold = b.first_known;
     }
-    if (!b.first_known) flush_locked(b, s, "device idle");
+    if (!hold) flush_locked(b, s, "device idle");
   }
   return true;
 }

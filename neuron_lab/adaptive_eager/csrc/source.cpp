@@ -8,8 +8,8 @@
 // Other versions capture the line only when the GIL is already held.
 //
 // Cost: a walk over the innermost frames, skipping library frames (torch,
-// neuron_lab, the standard library), one table lookup per frame; no strings are
-// made per op. Off with neuron_lab.adaptive_eager.configure(capture_source=False).
+// neuron_lab, the standard library), one lock-free per-thread lookup per frame and
+// one line-table decode for the frame kept; no strings are made per op. Off with neuron_lab.adaptive_eager.configure(capture_source=False).
 #include "adaptive_eager.h"
 
 #include <Python.h>
@@ -22,6 +22,8 @@
 #undef Py_BUILD_CORE
 #endif
 
+#include <array>
+#include <atomic>
 #include <deque>
 #include <unordered_map>
 
@@ -89,9 +91,39 @@ bool is_library(int32_t id) {
   return entries()[static_cast<size_t>(id)].library;
 }
 
+// Per thread, the code objects seen last (direct-mapped by address): a frame walk then
+// takes no lock. An entry is valid while its code object's file, name and first line
+// match (a recycled address shows another). set_library_prefixes bumps the generation.
+std::atomic<uint32_t> g_generation{1};
+struct CachedCode {
+  PyCodeObject* code = nullptr;
+  CodeKey key{};
+  uint32_t generation = 0;
+  int32_t id = -1;
+  bool library = false;
+};
+constexpr size_t kCachedCodes = 256;
+thread_local std::array<CachedCode, kCachedCodes> tl_codes;
+
+const CachedCode& lookup(PyCodeObject* code) {
+  auto& slot = tl_codes[(reinterpret_cast<uintptr_t>(code) >> 4) % kCachedCodes];
+  const uint32_t generation = g_generation.load(std::memory_order_relaxed);
+  if (slot.code == code && slot.generation == generation && slot.key.filename == code->co_filename &&
+      slot.key.name == code->co_name && slot.key.firstlineno == code->co_firstlineno) {
+    return slot;
+  }
+  slot.code = code;
+  slot.key = {code->co_filename, code->co_name, code->co_firstlineno};
+  slot.generation = generation;
+  slot.id = intern(code);
+  slot.library = is_library(slot.id);
+  return slot;
+}
+
 }  // namespace
 
 void set_library_prefixes(std::vector<std::string> prefixes) {
+  g_generation.fetch_add(1);
   std::lock_guard<std::mutex> lock(g_mutex);
   library_prefixes() = std::move(prefixes);
   for (auto& e : entries()) {
@@ -108,15 +140,19 @@ SourceLoc capture_source() {
 #ifdef NEURON_FRAME_WALK
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr || ts->cframe == nullptr) return {};
+  auto line_of = [](_PyInterpreterFrame* f) {
+    return PyCode_Addr2Line(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
+  };
   _PyInterpreterFrame* frame = ts->cframe->current_frame;
-  for (int depth = 0; frame != nullptr && depth < 32; frame = frame->previous) {
+  _PyInterpreterFrame* first = nullptr;
+  int32_t first_id = -1;
+  for (int depth = 0; frame != nullptr && depth < 64; frame = frame->previous) {
     if (_PyFrame_IsIncomplete(frame)) continue;
-    PyCodeObject* code = frame->f_code;
-    const int32_t id = intern(code);
-    const int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(frame) * static_cast<int>(sizeof(_Py_CODEUNIT)));
-    if (depth++ == 0) innermost = {id, line};
-    if (!is_library(id)) return {id, line};
+    const auto& code = lookup(frame->f_code);
+    if (depth++ == 0) first = frame, first_id = code.id;
+    if (!code.library) return {code.id, line_of(frame)};  // a line number only for the frame kept
   }
+  if (first != nullptr) innermost = {first_id, line_of(first)};
 #else
   if (!PyGILState_Check()) return {};
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed

@@ -1,0 +1,516 @@
+// The graph cache: flushed buffers keyed by their structure, and why each new graph was built.
+//
+// A launch's key is its structure as words (KeyBuilder): the op sequence, each
+// argument's metadata (shapes, strides, dtypes, which memory it uses), integer and
+// boolean values, and which results are dead. A hit costs one hash and one comparison.
+// The cache holds at most policy().graph_cache_size graphs and evicts the least
+// recently used beyond that (counters().graphs_evicted): a session whose shapes keep
+// changing (generate() grows its KV cache every token) does not grow without bound.
+//
+// Each new graph is explained at once, in the event log that explain() reads: a graph
+// with the same op sequence as a cached one is a recompile, caused by the first op whose
+// inputs differ; otherwise it is a new op sequence, compared with the recent graphs that
+// start with the same op. Both look-ups are indexed, so building a graph costs the same
+// however many graphs are cached.
+#include "adaptive_eager.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <deque>
+#include <list>
+#include <sstream>
+#include <unordered_map>
+
+namespace neuron::lazy {
+namespace {
+
+bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+uint64_t hash_words(const int64_t* words, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= static_cast<uint64_t>(words[i]);
+    h *= 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+int64_t double_bits(double d) {
+  int64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+
+// Word tags of KeyBuilder's encoding (describe_words reads them back).
+enum Tag : int64_t {
+  kUndefined = 1, kDeviceTensor = 2, kWrappedNumber = 3, kHostTensor = 4, kNone = 5, kInt = 6, kDouble = 7,
+  kBool = 8, kIntList = 9, kTensorList = 10, kList = 11, kGenerator = 12, kDevice = 13, kString = 14, kOther = 15,
+};
+
+// Floating-point scalars (a learning rate, Adam's bias corrections) go to `scalars`,
+// not the words: launches that differ only in them share a graph, replay with their
+// own values, and run compiled code only while they equal the values it was compiled
+// with (Graph::compiled_scalars).
+class KeyBuilder {
+ public:
+  explicit KeyBuilder(const std::unordered_map<const c10::StorageImpl*, int>* storage_index)
+      : index_(storage_index) {}
+
+  void tensor(const at::Tensor& t) {
+    if (!t.defined()) return put(kUndefined);
+    if (on_device(t)) {
+      put(kDeviceTensor);
+      put(index_ != nullptr ? index_->at(t.storage().unsafeGetStorageImpl()) : 0);
+    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      put(kWrappedNumber);
+      put(static_cast<int64_t>(t.scalar_type()));
+      const auto s = wrapped_number_value(t);
+      if (s.isFloatingPoint()) {
+        key.scalars.push_back(double_bits(s.toDouble()));
+      } else if (s.isComplex()) {
+        put(double_bits(s.toComplexDouble().real())), put(double_bits(s.toComplexDouble().imag()));
+      } else {
+        put(s.toLong());
+      }
+      return;
+    } else {
+      put(kHostTensor);
+    }
+    put(static_cast<int64_t>(t.scalar_type()));
+    put(t.dim());
+    for (auto s : t.sizes()) put(s);
+    for (auto s : t.strides()) put(s);
+    put(t.storage_offset());
+  }
+
+  void value(const c10::IValue& v) {
+    if (v.isTensor()) {
+      tensor(v.toTensor());
+    } else if (v.isNone()) {
+      put(kNone);
+    } else if (v.isInt()) {
+      put(kInt), put(v.toInt());
+    } else if (v.isDouble()) {
+      put(kDouble);
+      key.scalars.push_back(double_bits(v.toDouble()));
+    } else if (v.isBool()) {
+      put(kBool), put(v.toBool());
+    } else if (v.isIntList()) {
+      put(kIntList);
+      auto l = v.toIntVector();
+      put(static_cast<int64_t>(l.size()));
+      for (auto x : l) put(x);
+    } else if (v.isTensorList()) {
+      put(kTensorList);
+      auto l = v.toTensorList();
+      put(static_cast<int64_t>(l.size()));
+      for (const at::Tensor& t : l) tensor(t);
+    } else if (v.isList()) {
+      put(kList);
+      auto l = v.toList();
+      put(static_cast<int64_t>(l.size()));
+      for (const c10::IValue& e : l) value(e);
+    } else if (v.isGenerator()) {
+      put(kGenerator);
+    } else if (v.isDevice()) {
+      put(kDevice), put(v.toDevice().index());
+    } else if (v.isString()) {
+      put(kString), put(static_cast<int64_t>(std::hash<std::string>()(v.toStringRef())));
+    } else {
+      put(kOther), put(static_cast<int64_t>(v.tagKind().size()));
+      key.uncompilable = "an argument of an unusual type";
+    }
+  }
+
+  void record(const Record& r) {
+    key.op_offsets.push_back(static_cast<uint32_t>(key.words.size()));
+    put(reinterpret_cast<int64_t>(&r.op.schema()));
+    put(static_cast<int64_t>(r.args.size()));
+    for (const auto& a : r.args) value(a);
+    put(static_cast<int64_t>(r.outputs.size()));
+    for (const auto& t : r.outputs) tensor(t);
+  }
+
+  void put(int64_t w) { key.words.push_back(w); }
+
+  GraphKey key;
+
+ private:
+  const std::unordered_map<const c10::StorageImpl*, int>* index_;
+};
+
+// ---- reading words back, for explanations ------------------------------------------------
+
+class WordReader {
+ public:
+  WordReader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
+  int64_t next() { return at_ < end_ ? *at_++ : 0; }
+
+  void tensor(std::ostringstream& out) {
+    const int64_t tag = next();
+    if (tag == kUndefined) {
+      out << "None";
+      return;
+    }
+    if (tag == kDeviceTensor) next();  // which memory: not shown
+    const auto dtype = static_cast<c10::ScalarType>(next());
+    if (tag == kWrappedNumber) {
+      if (c10::isComplexType(dtype)) {
+        next(), next();
+        out << "complex";
+      } else if (c10::isFloatingType(dtype)) {
+        out << "float";
+      } else {
+        out << next();
+      }
+      return;
+    }
+    const int64_t dim = next();
+    out << dtype << "[";
+    for (int64_t d = 0; d < dim; ++d) out << (d ? ", " : "") << next();
+    out << "]";
+    for (int64_t d = 0; d < dim; ++d) next();  // strides
+    next();                                    // offset
+    if (tag == kHostTensor) out << " on cpu";
+  }
+
+  void value(std::ostringstream& out) {
+    const int64_t tag = *at_;
+    switch (tag) {
+      case kUndefined: case kDeviceTensor: case kWrappedNumber: case kHostTensor: tensor(out); return;
+      case kNone: next(); out << "None"; return;
+      case kInt: next(); out << next(); return;
+      case kDouble: next(); out << "float"; return;
+      case kBool: next(); out << (next() ? "True" : "False"); return;
+      case kIntList: {
+        next();
+        const int64_t n = next();
+        out << "[";
+        for (int64_t i = 0; i < n; ++i) out << (i ? ", " : "") << next();
+        out << "]";
+        return;
+      }
+      case kTensorList: {
+        next();
+        const int64_t n = next();
+        out << "[" << n << " tensors]";
+        std::ostringstream ignored;
+        for (int64_t i = 0; i < n; ++i) tensor(ignored);
+        return;
+      }
+      case kList: {
+        next();
+        const int64_t n = next();
+        out << "[";
+        for (int64_t i = 0; i < n; ++i) {
+          if (i) out << ", ";
+          value(out);
+        }
+        out << "]";
+        return;
+      }
+      case kDevice: next(); out << "neuron:" << next(); return;
+      case kString: next(); next(); out << "str"; return;
+      default: next(); next(); out << "?"; return;  // generator, other
+    }
+  }
+
+ private:
+  const int64_t* at_;
+  const int64_t* end_;
+};
+
+// The inputs of op `k` of a graph, as text: "(Float[2, 3], 1, None)".
+std::string describe_op(const Graph& g, size_t k) {
+  const size_t begin = g.op_offsets[k];
+  const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
+  WordReader in(g.key.data() + begin, g.key.data() + end);
+  in.next();  // the op
+  const int64_t n = in.next();
+  std::ostringstream out;
+  out << "(";
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) out << ", ";
+    in.value(out);
+  }
+  out << ")";
+  return out.str();
+}
+
+uint64_t op_words_hash(const Graph& g, size_t k) {
+  const size_t begin = g.op_offsets[k];
+  const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
+  return hash_words(g.key.data() + begin, end - begin);
+}
+
+const c10::FunctionSchema* op_schema(const Graph& g, size_t k) {
+  return reinterpret_cast<const c10::FunctionSchema*>(g.key[g.op_offsets[k]]);
+}
+
+std::string op_name(const Graph& g, size_t k) { return op_schema(g, k)->operator_name().name; }
+
+trace::Source to_trace(SourceLoc loc) { return {loc.file, loc.line}; }
+
+constexpr size_t kRecentPerFirstOp = 8;
+
+}  // namespace
+
+// ---- the cache -------------------------------------------------------------------------------
+
+class GraphCache {
+ public:
+  std::mutex mutex;  // also guards the graphs' scalar fields (launch.cpp)
+
+  // The cached graph with this key, or a new one built and explained (mutex held).
+  std::shared_ptr<Graph> find_or_build(GraphKey&& key, const std::vector<Record>& records,
+                                       const std::string& flush_reason, bool& hit) {
+    const uint64_t h = hash_words(key.words.data(), key.words.size());
+    auto& bucket = by_key_[h];
+    for (const auto& g : bucket) {
+      if (g->key == key.words) {
+        hit = true;
+        lru_.splice(lru_.begin(), lru_, g->lru);
+        return g;
+      }
+    }
+    hit = false;
+    auto g = std::make_shared<Graph>();
+    g->id = next_id_++;
+    g->words_end = key.words.size();
+    g->op_offsets = std::move(key.op_offsets);
+    g->key = std::move(key.words);
+    g->key_hash = h;
+    g->n_ops = static_cast<int64_t>(records.size());
+    g->first_op = records.front().op.schema().operator_name().name;
+    g->source = describe_source(records.front().source);
+    g->flush_reason = flush_reason;
+    g->ops_hash = ops_hash_of(*g);
+    g->first_record_hash = record_hash(records.front());
+    auto event = explain(*g, records);
+    g->cause = event.detail;
+    trace::log_event(std::move(event));
+    bucket.push_back(g);
+    lru_.push_front(g);
+    g->lru = lru_.begin();
+    by_ops_[g->ops_hash] = g;
+    auto& recent = by_first_op_[g->key[0]];
+    recent.push_back(g);
+    if (recent.size() > kRecentPerFirstOp) recent.pop_front();
+    starts_[g->first_record_hash] += 1;
+    while (lru_.size() > static_cast<size_t>(std::max<int64_t>(1, policy().graph_cache_size.load()))) {
+      evict(lru_.back());
+    }
+    return g;
+  }
+
+  bool starts_with(uint64_t first_record_hash) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return starts_.count(first_record_hash) > 0;
+  }
+
+  std::vector<std::shared_ptr<Graph>> all() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return {lru_.begin(), lru_.end()};
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex);
+    by_key_.clear();
+    by_ops_.clear();
+    by_first_op_.clear();
+    starts_.clear();
+    lru_.clear();
+  }
+
+ private:
+  uint64_t ops_hash_of(const Graph& g) {
+    std::vector<int64_t> ops;
+    ops.reserve(g.op_offsets.size());
+    for (auto o : g.op_offsets) ops.push_back(g.key[o]);
+    return hash_words(ops.data(), ops.size());
+  }
+
+  void evict(std::shared_ptr<Graph> g) {
+    lru_.erase(g->lru);
+    auto& bucket = by_key_[g->key_hash];
+    bucket.erase(std::remove(bucket.begin(), bucket.end(), g), bucket.end());
+    if (bucket.empty()) by_key_.erase(g->key_hash);
+    if (auto it = by_ops_.find(g->ops_hash); it != by_ops_.end() && it->second.lock() == g) by_ops_.erase(it);
+    if (auto it = starts_.find(g->first_record_hash); it != starts_.end() && --it->second == 0) starts_.erase(it);
+    counters().graphs_evicted.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Why a new graph was built (mutex held).
+  trace::Event explain(const Graph& g, const std::vector<Record>& records) {
+    trace::Event e;
+    e.time_ns = trace::now_ns();
+    e.what = "graph " + std::to_string(g.id) + " (" + std::to_string(g.n_ops) + " op" + (g.n_ops == 1 ? "" : "s") +
+             ", from " + g.first_op + ")";
+    e.graph_id = g.id;
+    e.source = to_trace(records.front().source);
+    std::shared_ptr<Graph> same_ops;
+    if (auto it = by_ops_.find(g.ops_hash); it != by_ops_.end()) same_ops = it->second.lock();
+    if (same_ops && same_ops->op_offsets.size() == g.op_offsets.size()) {
+      e.kind = "recompile";
+      for (size_t i = 0; i < g.op_offsets.size(); ++i) {
+        if (op_words_hash(g, i) == op_words_hash(*same_ops, i)) continue;
+        e.detail = "op " + std::to_string(i + 1) + " " + op_name(g, i) + " got inputs " + describe_op(g, i) +
+                   "; cached graph " + std::to_string(same_ops->id) + " has " + describe_op(*same_ops, i);
+        e.source = to_trace(records[i].source);
+        return e;
+      }
+      e.detail = "same ops and input shapes as graph " + std::to_string(same_ops->id) +
+                 ", but the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
+      return e;
+    }
+    e.kind = "new_graph";
+    std::shared_ptr<Graph> longest;
+    size_t longest_prefix = 0;
+    if (auto it = by_first_op_.find(g.key[0]); it != by_first_op_.end()) {
+      for (const auto& weak : it->second) {
+        auto other = weak.lock();
+        if (!other) continue;
+        size_t k = 0;
+        while (k < g.op_offsets.size() && k < other->op_offsets.size() && op_schema(g, k) == op_schema(*other, k)) ++k;
+        if (k > longest_prefix || (k == longest_prefix && longest && other->id > longest->id)) {
+          longest_prefix = k;
+          longest = other;
+        }
+      }
+    }
+    if (longest != nullptr) {
+      const size_t k = longest_prefix;
+      e.detail = "a new op sequence: its first " + std::to_string(k) + " op" + (k == 1 ? "" : "s") +
+                 " match graph " + std::to_string(longest->id) + ", then ";
+      if (k < g.op_offsets.size() && k < longest->op_offsets.size()) {
+        e.detail += "op " + std::to_string(k + 1) + " is " + op_name(g, k) + " here and " + op_name(*longest, k) +
+                    " there";
+        e.source = to_trace(records[k].source);
+      } else if (k == g.op_offsets.size()) {
+        e.detail += "this graph ends (flushed: " + g.flush_reason + ") where graph " + std::to_string(longest->id) +
+                    " goes on";
+      } else {
+        e.detail += "it goes on where graph " + std::to_string(longest->id) + " ended";
+      }
+    } else {
+      e.detail = "the first graph starting with " + g.first_op + " (flushed: " + g.flush_reason + ")";
+    }
+    return e;
+  }
+
+  int64_t next_id_ = 1;
+  std::unordered_map<uint64_t, std::vector<std::shared_ptr<Graph>>> by_key_;
+  std::list<std::shared_ptr<Graph>> lru_;  // most recently used first
+  std::unordered_map<uint64_t, std::weak_ptr<Graph>> by_ops_;  // the latest graph of each op sequence
+  std::unordered_map<int64_t, std::deque<std::weak_ptr<Graph>>> by_first_op_;  // recent graphs by first op
+  std::unordered_map<uint64_t, int64_t> starts_;  // first records of cached graphs, counted
+};
+
+GraphCache& graph_cache() {
+  static auto* cache = new GraphCache();  // leaked: graphs may be released while the process exits
+  return *cache;
+}
+
+GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse>& storages,
+                const std::unordered_map<const c10::StorageImpl*, int>& index) {
+  KeyBuilder builder(&index);
+  for (const auto& r : records) builder.record(r);
+  for (const auto& u : storages) {
+    builder.put(static_cast<int64_t>(u.storage.nbytes()));
+    builder.put(u.dead);
+    builder.put(static_cast<int64_t>(u.dtype));
+  }
+  return std::move(builder.key);
+}
+
+std::shared_ptr<Graph> find_or_build_graph(GraphKey&& key, const std::vector<Record>& records,
+                                           const std::string& flush_reason, bool& hit,
+                                           const std::function<void(Graph&, bool built)>& under_lock) {
+  auto& cache = graph_cache();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  auto g = cache.find_or_build(std::move(key), records, flush_reason, hit);
+  under_lock(*g, !hit);
+  return g;
+}
+
+uint64_t record_hash(const Record& r) {
+  KeyBuilder key(nullptr);
+  key.record(r);
+  return hash_words(key.key.words.data(), key.key.words.size());
+}
+
+bool graph_starts_with(uint64_t first_record_hash) { return graph_cache().starts_with(first_record_hash); }
+
+std::string shapes_of(const Record& r) {
+  std::ostringstream out;
+  out << "(";
+  bool first = true;
+  for (const auto& a : r.args) {
+    if (!first) out << ", ";
+    first = false;
+    if (a.isTensor() && a.toTensor().defined() && a.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {
+      out << c10::IValue(wrapped_number_value(a.toTensor()));  // a Python number, e.g. the 3 of x * 3
+    } else if (a.isTensor() && a.toTensor().defined()) {
+      const auto& t = a.toTensor();
+      out << t.scalar_type() << t.sizes();
+      if (!on_device(t)) out << " on " << t.device();
+    } else if (a.isTensorList()) {
+      out << "[" << a.toTensorList().size() << " tensors]";
+    } else if (a.isTensor()) {
+      out << "None";
+    } else if (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList()) {
+      // Tensor?[] (indices): shapes only; printing values would read device memory.
+      out << "[";
+      for (const c10::IValue& e : a.toList()) {
+        if (e.isTensor()) {
+          out << e.toTensor().scalar_type() << e.toTensor().sizes() << " ";
+        } else {
+          out << "None ";
+        }
+      }
+      out << "]";
+    } else {
+      out << a;
+    }
+  }
+  out << ")";
+  return out.str();
+}
+
+std::vector<GraphInfo> graph_infos() {
+  std::vector<GraphInfo> out;
+  for (const auto& g : graph_cache().all()) {
+    std::lock_guard<std::mutex> glock(g->mutex);
+    GraphInfo i;
+    i.id = g->id;
+    i.n_ops = g->n_ops;
+    i.hits = g->hits.load();
+    i.compiled_runs = g->compiled_runs;
+    i.replay_runs = g->replay_runs;
+    i.scalar_changes = g->scalar_changes;
+    i.replay_ms = g->replay_runs ? static_cast<double>(g->replay_ns) / g->replay_runs / 1e6 : 0.0;
+    i.compiled_ms = g->compiled_runs ? static_cast<double>(g->compiled_ns) / g->compiled_runs / 1e6 : 0.0;
+    static const char* tiers[] = {"replay", "compiling", "compiled", "replay (compile failed)",
+                                  "replay (not compilable)", "replay (compiled was slower)"};
+    i.tier = tiers[g->state.load()];
+    i.note = g->note;
+    if (i.note.empty() && g->state.load() == Graph::Cold && g->scalar_changes > 0) {
+      i.note = "its floating-point scalars changed " + std::to_string(g->scalar_changes) +
+               " time(s) (e.g. Adam's bias corrections): it replays with each launch's values and "
+               "compiles once they stay the same for compile_after launches";
+    }
+    i.first_op = g->first_op;
+    i.source = g->source;
+    i.flush_reason = g->flush_reason;
+    i.cause = g->cause;
+    out.push_back(std::move(i));
+  }
+  std::sort(out.begin(), out.end(), [](const GraphInfo& a, const GraphInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+void clear_graph_cache() { graph_cache().clear(); }
+
+}  // namespace neuron::lazy
