@@ -876,3 +876,59 @@ def test_a_session_of_varied_shapes_keeps_the_cache_and_explanations_bounded() -
         assert y.item() == pytest.approx((x.cpu() * 2).relu().sum().item(), rel=1e-5, abs=1e-5)
     assert len(ae.graphs()) == 16
     assert ae.counters()["graphs_evicted"] >= 200 - 16
+
+
+# ---- tiled replay -------------------------------------------------------------------------
+
+
+def _elementwise_program(x: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> list[torch.Tensor]:
+    """Elementwise ops of many kinds (vectorized math with scalar tails, VML-style math,
+    scalars, in-place and out=, comparisons, casts, integers, half precision)."""
+    y = torch.sin(x) * 1.01 + torch.cos(x) * 0.5
+    y = torch.nn.functional.gelu(y) + torch.sigmoid(w) - torch.tanh(y).exp() / 3
+    y = torch.where(y > 0, y, w * 0.25).clamp(-2.0, 2.0).pow(2)
+    y.add_(w, alpha=0.5).mul_(0.75)
+    z = torch.empty_like(y)
+    torch.lerp(y, w, 0.3, out=z)
+    halves = (z.to(torch.bfloat16) * 1.5 + 1).sqrt()
+    doubles = (z.double().log1p() + x.double()).reciprocal()
+    ints = (k * 3 + 7).remainder(11) - k
+    return [y, z, halves, doubles, ints, (z > w).logical_xor(y < 0)]
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit equal (NaNs included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point():
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.view(bits), b.view(bits))
+    return torch.equal(a, b)
+
+
+@pytest.mark.usefixtures("replay_tier")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [1 << 18, (1 << 18) + 37])
+def test_tiled_replay_of_elementwise_runs_gives_eager_bits(threads: int, n: int) -> None:
+    """Large elementwise runs replay tile by tile, in cache, with eager mode's bits
+    (tails, thread splits and all); where the thread split would move a vector tail,
+    they replay whole instead."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x, w = torch.randn(n, device="neuron"), torch.randn(n, device="neuron")
+        k = torch.randint(-50, 50, (n,), device="neuron")
+        with neuron_lab.mode("eager"):
+            expected = [t.cpu() for t in _elementwise_program(x, w, k)]
+        ae.reset_counters()
+        got = [t.cpu() for t in _elementwise_program(x, w, k)]
+        counters = ae.counters()
+    finally:
+        torch.set_num_threads(previous)
+    for g, e in zip(got, expected):
+        assert _same_bits(g, e), (g.dtype, (g.double() - e.double()).abs().nan_to_num().max())
+    split_moves_a_tail = threads > 1 and ((n + 1) // 2) % 256 != 0
+    if split_moves_a_tail:
+        assert counters["tiled_ops"] == 0, counters
+    else:
+        assert counters["tiled_runs"] >= 1 and counters["tiled_ops"] >= 20, counters

@@ -67,7 +67,8 @@ struct Counters {
   std::atomic<uint64_t> ops_recorded{0}, launches{0}, graph_launches{0}, graphs_built{0}, cache_hits{0},
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
-      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0};
+      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
+      tiled_runs{0}, tiled_ops{0};
   std::mutex mutex;
   std::map<std::string, uint64_t> flushes;  // by reason
   std::map<std::string, uint64_t> syncs;    // by reason
@@ -137,6 +138,9 @@ struct OpClass {
   // call imports torch._dynamo and more (about a second). Until that is loaded anyway,
   // the op's result metadata is learned from running it inline once per signature.
   bool python_meta = false;
+  // An elementwise op (tagged pointwise, draws no random numbers) whose results replay
+  // through its out= twin or in place: a run of them can replay tile by tile (tiled.cpp).
+  bool pointwise = false;
 };
 
 struct Record {
@@ -151,6 +155,33 @@ struct Record {
   bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
   bool in_torch_compile_graph = false;  // recorded while a torch.compile graph ran
 };
+
+// A neuron tensor (not a CPU tensor or an undefined one).
+inline bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+
+// Every tensor in an argument: itself, or the tensors of a list.
+template <typename F>
+void for_each_tensor(const c10::IValue& v, F&& f) {
+  if (v.isTensor()) {
+    f(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) f(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList()) {
+      if (e.isTensor()) f(e.toTensor());
+    }
+  }
+}
+
+// Every tensor a record reads or writes, with whether it writes it.
+template <typename F>
+void for_each_record_tensor(const Record& r, F&& f) {
+  for (size_t i = 0; i < r.args.size(); ++i) {
+    const bool write = r.cls->write_arg[i];
+    for_each_tensor(r.args[i], [&](const at::Tensor& t) { f(t, write); });
+  }
+  for (const auto& t : r.outputs) f(t, true);
+}
 
 // While set on a thread, the ops it records belong to a graph of torch.compile'd code
 // (the neuron backend's async launches): their graphs may compile whatever the policy.
@@ -178,6 +209,18 @@ struct ScratchUse {
 // sharing one buffer, buffers taken from a pool kept warm across launches.
 void give_scratch(const std::vector<ScratchUse>& uses);
 size_t scratch_cached_bytes();
+
+// ---- tiled.cpp ---------------------------------------------------------------------------
+// Tiled replay: a run of elementwise ops over tensors of one size replays tile by tile,
+// each tile through every op of the run while it is in cache, with eager mode's bits.
+// The end of the run of such records that starts at `begin` (begin when none), and the
+// element count its tensors share.
+size_t tileable_run_end(const std::vector<Record>& records, size_t begin, int64_t& numel);
+// Replays records [begin, end) of such a run; `op_ns` (when given) gets each op's time.
+// A failing kernel's error gets `context` of its record, whose index goes to `failed`.
+void replay_tiled(const std::vector<Record>& records, size_t begin, size_t end, int64_t numel,
+                  std::vector<int64_t>* op_ns, const std::function<std::string(const Record&)>& context,
+                  size_t& failed);
 
 // A cached graph: its structure, how often it ran and in which tier.
 struct Graph {

@@ -25,8 +25,6 @@
 namespace neuron::lazy {
 namespace {
 
-bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
-
 uint64_t hash_words(const int64_t* words, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; ++i) {

@@ -38,30 +38,6 @@ int64_t now_ns() {
       .count();
 }
 
-template <typename F>
-void for_each_tensor(const c10::IValue& v, F&& f) {
-  if (v.isTensor()) {
-    f(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) f(t);
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toList()) {
-      if (e.isTensor()) f(e.toTensor());
-    }
-  }
-}
-
-template <typename F>
-void for_each_record_tensor(const Record& r, F&& f) {
-  for (size_t i = 0; i < r.args.size(); ++i) {
-    const bool write = r.cls->write_arg[i];
-    for_each_tensor(r.args[i], [&](const at::Tensor& t) { f(t, write); });
-  }
-  for (const auto& t : r.outputs) f(t, true);
-}
-
-bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
-
 // References to a tensor or storage from C++, not counting its Python wrapper's
 // own; `python_holds` is set when Python code holds the wrapper. (While C++
 // holds the object it holds one reference to the wrapper: see intrusive_ptr's
@@ -215,30 +191,78 @@ struct Launch {
 
   void replay() {
     give_scratch_once();
-    for (size_t i = 0; i < records.size(); ++i) {
-      auto& r = records[i];
-      if (auto why = poisoned_input(r)) {
-        for_each_written(r, [&](const c10::Storage& st) { poison(st, *why); });
-        continue;  // its inputs were never computed: so are not its results
+    for (size_t i = 0; i < records.size();) {
+      int64_t numel = 0;
+      const size_t end = tileable_run_end(records, i, numel);
+      if (end >= i + 2 && !run_reads_poison(i, end)) {
+        replay_run_tiled(i, end, numel);
+        i = end;
+        continue;
       }
-      try {
-        if (record) {
-          const int64_t start = now_ns();
-          replay_one(r);
-          record->ops[i].device_ns = now_ns() - start;
-        } else {
-          replay_one(r);
-        }
-      } catch (...) {
-        const std::string why = std::string(r.op.schema().operator_name().name) + " failed (recorded at " +
-                                describe_source(r.source) + ")";
-        for (size_t j = i; j < records.size(); ++j) {
-          for_each_written(records[j], [&](const c10::Storage& st) { poison(st, why); });
-        }
-        throw;
+      replay_record(i);
+      ++i;
+    }
+  }
+
+  // Whether a record of [begin, end) reads a never-computed result (those replay op by
+  // op, which passes the mark on).
+  bool run_reads_poison(size_t begin, size_t end) const {
+    if (g_poison_count.load(std::memory_order_relaxed) == 0) return false;
+    for (size_t i = begin; i < end; ++i) {
+      if (poisoned_input(records[i])) return true;
+    }
+    return false;
+  }
+
+  // Marks what records [first, end of launch) write as never computed, because `failed` failed.
+  void poison_from(size_t first, const Record& failed) {
+    const std::string why = std::string(failed.op.schema().operator_name().name) + " failed (recorded at " +
+                            describe_source(failed.source) + ")";
+    for (size_t j = first; j < records.size(); ++j) {
+      for_each_written(records[j], [&](const c10::Storage& st) { poison(st, why); });
+    }
+  }
+
+  void replay_record(size_t i) {
+    auto& r = records[i];
+    if (auto why = poisoned_input(r)) {
+      for_each_written(r, [&](const c10::Storage& st) { poison(st, *why); });
+      return;  // its inputs were never computed: so are not its results
+    }
+    try {
+      if (record) {
+        const int64_t start = now_ns();
+        replay_one(r);
+        record->ops[i].device_ns = now_ns() - start;
+      } else {
+        replay_one(r);
       }
-      if (g_poison_count.load(std::memory_order_relaxed) > 0) {
-        for_each_written(r, [&](const c10::Storage& st) { unpoison(st.unsafeGetStorageImpl()); });
+    } catch (...) {
+      poison_from(i, r);
+      throw;
+    }
+    if (g_poison_count.load(std::memory_order_relaxed) > 0) {
+      for_each_written(r, [&](const c10::Storage& st) { unpoison(st.unsafeGetStorageImpl()); });
+    }
+  }
+
+  void replay_run_tiled(size_t begin, size_t end, int64_t numel) {
+    std::vector<int64_t> op_ns(record ? end - begin : 0, 0);
+    size_t failed = end;
+    try {
+      replay_tiled(records, begin, end, numel, record ? &op_ns : nullptr,
+                   [&](const Record& r) { return failure_context(r); }, failed);
+    } catch (...) {
+      // Tiles of earlier ops of the run may have run: all of the run is suspect.
+      poison_from(begin, records[std::min(failed, end - 1)]);
+      throw;
+    }
+    if (record) {
+      for (size_t k = 0; k < op_ns.size(); ++k) record->ops[begin + k].device_ns = op_ns[k];
+    }
+    if (g_poison_count.load(std::memory_order_relaxed) > 0) {
+      for (size_t i = begin; i < end; ++i) {
+        for_each_written(records[i], [&](const c10::Storage& st) { unpoison(st.unsafeGetStorageImpl()); });
       }
     }
   }

@@ -232,6 +232,8 @@ void register_bindings(py::module& m) {
     d["dead_intermediate_bytes"] = c.dead_intermediate_bytes.load();
     d["live_result_bytes"] = c.live_result_bytes.load();
     d["graphs_evicted"] = c.graphs_evicted.load();
+    d["tiled_runs"] = c.tiled_runs.load();
+    d["tiled_ops"] = c.tiled_ops.load();
     std::lock_guard<std::mutex> lock(c.mutex);
     d["flushes"] = c.flushes;
     d["syncs"] = c.syncs;

@@ -81,7 +81,7 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted}) {
+                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops}) {
     c->store(0);
   }
   std::lock_guard<std::mutex> lock(mutex);
@@ -129,7 +129,7 @@ std::optional<c10::OperatorHandle> out_twin_of(const c10::OperatorHandle& op) {
       same = out.kwarg_only() && is_tensor_type(out.type()) && alias != nullptr && alias->isWrite() &&
              ret_alias != nullptr && ret_alias->beforeSets() == alias->beforeSets();
     }
-    if (same && candidate->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return candidate;
+      if (same && candidate->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return candidate;
   }
   return std::nullopt;
 }
@@ -203,6 +203,9 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   if (c.functional && std::all_of(c.return_arg.begin(), c.return_arg.end(), [](int a) { return a < 0; })) {
     c.out_twin = out_twin_of(op);
   }
+  // In place and out= ops write their tensor arguments; functional ones need a twin.
+  c.pointwise = op.hasTag(at::Tag::pointwise) && !op.hasTag(at::Tag::nondeterministic_seeded) &&
+                (!c.functional || c.out_twin.has_value());
   return c;
 }
 
