@@ -279,7 +279,8 @@ void note_written(const at::Tensor& t);
 void wait_for_storage(const c10::Storage& storage, const char* reason);
 // Structural hash of one record (the first op of a buffer; see the flush policy).
 uint64_t record_hash(const Record& r);
-bool graph_starts_with(uint64_t first_record_hash);
+// The length in ops of the cached graph last used that starts with this record (0: none).
+int64_t cached_graph_length_from(uint64_t first_record_hash);
 
 // The background compiler (Python) receives graphs through this hook.
 struct GraphInfo {

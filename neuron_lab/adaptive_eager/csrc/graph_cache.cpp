@@ -270,6 +270,7 @@ class GraphCache {
       if (g->key == key.words) {
         hit = true;
         lru_.splice(lru_.begin(), lru_, g->lru);
+        starts_[g->first_record_hash].last_n_ops = g->n_ops;
         return g;
       }
     }
@@ -296,16 +297,19 @@ class GraphCache {
     auto& recent = by_first_op_[g->key[0]];
     recent.push_back(g);
     if (recent.size() > kRecentPerFirstOp) recent.pop_front();
-    starts_[g->first_record_hash] += 1;
+    auto& start = starts_[g->first_record_hash];
+    start.graphs += 1;
+    start.last_n_ops = g->n_ops;
     while (lru_.size() > static_cast<size_t>(std::max<int64_t>(1, policy().graph_cache_size.load()))) {
       evict(lru_.back());
     }
     return g;
   }
 
-  bool starts_with(uint64_t first_record_hash) {
+  int64_t length_from(uint64_t first_record_hash) {
     std::lock_guard<std::mutex> lock(mutex);
-    return starts_.count(first_record_hash) > 0;
+    auto it = starts_.find(first_record_hash);
+    return it == starts_.end() ? 0 : it->second.last_n_ops;
   }
 
   std::vector<std::shared_ptr<Graph>> all() {
@@ -336,7 +340,7 @@ class GraphCache {
     bucket.erase(std::remove(bucket.begin(), bucket.end(), g), bucket.end());
     if (bucket.empty()) by_key_.erase(g->key_hash);
     if (auto it = by_ops_.find(g->ops_hash); it != by_ops_.end() && it->second.lock() == g) by_ops_.erase(it);
-    if (auto it = starts_.find(g->first_record_hash); it != starts_.end() && --it->second == 0) starts_.erase(it);
+    if (auto it = starts_.find(g->first_record_hash); it != starts_.end() && --it->second.graphs == 0) starts_.erase(it);
     counters().graphs_evicted.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -403,7 +407,13 @@ class GraphCache {
   std::list<std::shared_ptr<Graph>> lru_;  // most recently used first
   std::unordered_map<uint64_t, std::weak_ptr<Graph>> by_ops_;  // the latest graph of each op sequence
   std::unordered_map<int64_t, std::deque<std::weak_ptr<Graph>>> by_first_op_;  // recent graphs by first op
-  std::unordered_map<uint64_t, int64_t> starts_;  // first records of cached graphs, counted
+  // Cached graphs by their first record: how many, and the length of the one used last
+  // (a buffer that starts with that record follows it to that length; see the flush policy).
+  struct Start {
+    int64_t graphs = 0;
+    int64_t last_n_ops = 0;
+  };
+  std::unordered_map<uint64_t, Start> starts_;
 };
 
 GraphCache& graph_cache() {
@@ -439,7 +449,7 @@ uint64_t record_hash(const Record& r) {
   return hash_words(key.key.words.data(), key.key.words.size());
 }
 
-bool graph_starts_with(uint64_t first_record_hash) { return graph_cache().starts_with(first_record_hash); }
+int64_t cached_graph_length_from(uint64_t first_record_hash) { return graph_cache().length_from(first_record_hash); }
 
 std::string shapes_of(const Record& r) {
   std::ostringstream out;

@@ -12,11 +12,14 @@
 //     step's forward is one graph, its backward and optimizer ops the next:
 //     stable graphs, wherever the engine runs backward);
 //   - it holds policy().max_ops ops;
-//   - the device is idle and the buffer holds at least policy().idle_flush_ops ops
-//     or policy().idle_flush_bytes of results: an idle device gets work promptly,
-//     and computes while the host records the rest (with the compiled tier on, a
-//     buffer that starts like a cached graph waits to complete it, so that a loop
-//     settles on the same graphs every iteration);
+//   - it starts like a cached graph of at least policy().idle_flush_ops ops and has
+//     reached that graph's length: a loop settles on the same graphs every iteration,
+//     whatever the device's timing (a buffer following a cached graph is not cut before
+//     that length);
+//   - otherwise, the device is idle and the buffer holds at least
+//     policy().idle_flush_ops ops or (starting no cached graph) policy().idle_flush_bytes
+//     of results: an idle device gets work promptly, and computes while the host
+//     records the rest;
 //   - in eager mode or under torch.use_deterministic_algorithms(True): every op.
 #include "adaptive_eager.h"
 
@@ -538,7 +541,7 @@ struct Buffer {
   int graph_task = -1;  // the autograd backward pass the records were made in (-1: none)
   int64_t bytes = 0;
   bool first_checked = false;
-  bool first_known = false;  // a cached graph starts with the first record
+  int64_t follow_ops = 0;  // the length of the cached graph that starts like this buffer (0: none)
 };
 
 std::mutex g_buffers_mutex;
@@ -583,6 +586,15 @@ void flush_locked(Buffer& b, StreamState& s, const std::string& reason) {
   const int64_t start = trace::now_ns();
   launch(std::move(records), s, use_cache, reason);
   trace::add_record_time(trace::now_ns() - start);
+}
+
+// Whether a cached graph starts like this buffer (looked up once per buffer).
+bool follows_cached_graph(Buffer& b) {
+  if (!b.first_checked) {
+    b.follow_ops = cached_graph_length_from(record_hash(b.records.front()));
+    b.first_checked = true;
+  }
+  return b.follow_ops > 0;
 }
 
 }  // namespace
@@ -814,23 +826,22 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     flush_locked(b, s, "eager");
   } else if (static_cast<int64_t>(b.records.size()) >= policy().max_ops.load()) {
     flush_locked(b, s, "op limit");
-  } else if (!tl_in_torch_compile_graph && stream_idle(s) &&
-             (b.bytes >= policy().idle_flush_bytes.load() ||
-              static_cast<int64_t>(b.records.size()) >= policy().idle_flush_ops.load())) {
-    // An idle device gets the buffered work now: holding it back gains nothing while
-    // graphs replay op by op, and the device computes while the host records the rest
-    // (generate() reads a token back every step). With the compiled tier on, a buffer
-    // that starts like a cached graph waits to complete it, so that hot graphs stay the
-    // same and compile. A torch.compile graph is launched whole at its end.
-    bool hold = false;
-    if (policy().compile.load()) {
-      if (!b.first_checked) {
-        b.first_known = graph_starts_with(record_hash(b.records.front()));
-        b.first_checked = true;
-      }
-      hold = b.first_known;
+  } else if (!tl_in_torch_compile_graph) {
+    // A buffer that starts like a cached graph follows it: held to that graph's length
+    // whatever the device does meanwhile, and launched there when the graph is long
+    // enough to be worth keeping (a short one, cut early by an idle device, grows past
+    // it), so a loop settles on the same graphs every iteration. Otherwise an idle device
+    // gets the buffered work now and computes while the host records the rest (generate()
+    // reads a token back every step). A torch.compile graph is launched whole at its end.
+    const int64_t n = static_cast<int64_t>(b.records.size());
+    const int64_t enough_ops = policy().idle_flush_ops.load();
+    const bool follows = follows_cached_graph(b);
+    if (follows && n == b.follow_ops && n >= enough_ops) {
+      flush_locked(b, s, "cached graph's end");
+    } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
+               (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
+      flush_locked(b, s, "device idle");
     }
-    if (!hold) flush_locked(b, s, "device idle");
   }
   return true;
 }
