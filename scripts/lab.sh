@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/jupyter lab --notebook-dir=notebooks "$@"
+# Jupyter refuses to start as root unless told; root is normal in a container or a cloud VM.
+as_root=()
+if [ "$(id -u)" = "0" ]; then as_root=(--allow-root); fi
+exec .venv/bin/jupyter lab --notebook-dir=notebooks "${as_root[@]}" "$@"
