@@ -426,3 +426,23 @@ def test_rich_outputs_have_readable_text(ip: InteractiveShell) -> None:
         data, _ = ip.display_formatter.format(value)
         assert "text/html" in data and " object at 0x" not in data["text/plain"], magic
         assert "neuron" in data["text/plain"] or "In [" in data["text/plain"], magic
+
+
+# ---- cells named as IPython names them ------------------------------------------------------
+
+
+def test_profiles_and_explanations_name_cells_as_ipython_does(ip: InteractiveShell) -> None:
+    """A line of a cell reads ``In[N], line L`` (IPython's tracebacks say ``Cell In[N], line
+    L``), not the file name the kernel compiled the cell to."""
+    cell = ok(ip, "import neuron_lab, torch\n"
+                  "with neuron_lab.profiler.profile() as cell_prof, neuron_lab.explain_scope() as cell_why:\n"
+                  "    cell_total = (torch.ones(8, device='neuron') * 2).sum().item()")
+    count = cell.result.execution_count
+    prof, why = ip.user_ns["cell_prof"], ip.user_ns["cell_why"]
+    assert f"In[{count}], line 3" in str(prof.table()), str(prof.table())
+    assert f"Cell In[{count}], line 3" in str(why), str(why)
+    launch = next(l for l in prof.launches if l.source is not None)
+    assert launch.source.short == f"In[{count}], line 3"
+    # Outside IPython's cells the file's own name stays.
+    from neuron_lab.observability.records import SourceLine
+    assert SourceLine("/work/train.py", 12, "step").short == "train.py:12"

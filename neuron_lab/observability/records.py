@@ -5,6 +5,7 @@ Times are nanoseconds on the runtime's clock (``time.monotonic_ns()``).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -20,6 +21,23 @@ def now_ns() -> int:
     return int(_native.now_ns())
 
 
+def _cell_name(file: str) -> Optional[str]:
+    """IPython's name for the cell compiled to ``file`` ("Cell In[3]"), or None outside IPython.
+
+    Kernels compile each cell to a file such as ``/tmp/ipykernel_123/1390148714.py``;
+    IPython's compiler maps it back to its execution count, as its tracebacks do."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
+    if format_code_name is None:
+        return None
+    try:
+        named = format_code_name(file)
+    except Exception:  # an IPython without the mapping: plain file names
+        return None
+    return None if named is None else f"{named[0]} {named[1]}"
+
+
 @dataclass(frozen=True)
 class SourceLine:
     """The user's line that issued an op, a launch, a sync."""
@@ -29,11 +47,18 @@ class SourceLine:
     function: str
 
     def __str__(self) -> str:
+        cell = _cell_name(self.file)
+        if cell is not None:  # as IPython's tracebacks name it
+            where = f"{cell}, line {self.line}"
+            return where if self.function == "<module>" else f"{where} in {self.function}"
         return f"{self.file}:{self.line} in {self.function}"
 
     @property
     def short(self) -> str:
-        """``file.py:12`` (the file's last path component)."""
+        """``file.py:12`` (the file's last path component), or ``In[3], line 12`` for a cell."""
+        cell = _cell_name(self.file)
+        if cell is not None:
+            return f"{cell.removeprefix('Cell ')}, line {self.line}"
         return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
 
 
