@@ -1,8 +1,10 @@
 """Builds the native runtime of the `neuron` device (neuron_lab.device._C).
 
 Everything else about the package lives in pyproject.toml. The extension needs
-torch's headers at build time, so install with `--no-build-isolation` after
-torch itself (the README's set-up commands do this).
+torch's headers at build time, and runs only with the torch it was built against, so
+install with `--no-build-isolation` after torch itself (the README's set-up commands do
+this). The torch version of the build is written to neuron_lab/device/_built_with.py,
+which the device checks before it loads the extension.
 """
 
 import os
@@ -11,8 +13,11 @@ from pathlib import Path
 # Importing torch must not try to load the very extension this script builds.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
+import torch  # noqa: E402
 from setuptools import setup  # noqa: E402
 from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+
+BUILT_WITH = Path("neuron_lab/device/_built_with.py")
 
 # The device runtime and the adaptive-eager recorder build into one extension.
 CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc")]
@@ -26,7 +31,14 @@ EXTENSION = CppExtension(
 # scripts/setup.sh installs the package in editable mode with
 # NEURON_LAB_SKIP_EXTENSION=1, then builds the extension in place (incrementally,
 # objects kept in build/), so that it is not compiled twice.
+building_extension = os.environ.get("NEURON_LAB_SKIP_EXTENSION") != "1"
+if building_extension:  # before setup(): build_py then copies it into wheels
+    BUILT_WITH.write_text(
+        '"""Written by setup.py: the torch the native extension was built against."""\n\n'
+        f"TORCH_VERSION = {torch.__version__!r}\n"
+    )
+
 setup(
-    ext_modules=[] if os.environ.get("NEURON_LAB_SKIP_EXTENSION") == "1" else [EXTENSION],
+    ext_modules=[EXTENSION] if building_extension else [],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -226,6 +226,28 @@ def test_import_neuron_lab_before_torch() -> None:
     assert result.stdout.strip() == "neuron:0"
 
 
+def test_an_extension_built_for_another_torch_says_so_and_torch_still_works() -> None:
+    """Build and run time must agree on torch; a mismatch names both versions and the fix
+    (instead of an undefined C++ symbol), and never breaks ``import torch``."""
+    result = run_python("""
+        import sys, types
+        sys.modules["neuron_lab.device._built_with"] = types.SimpleNamespace(TORCH_VERSION="2.14.0")
+        import torch
+        print(torch.ones(2).sum().item())
+        try:
+            import neuron_lab
+        except ImportError as e:
+            print("ImportError:", e)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "2.0"
+    import torch
+
+    for text in (result.stderr, result.stdout):
+        assert f"built against torch 2.14.0, but this is torch {torch.__version__}" in text, text
+        assert "pip install --no-build-isolation" in text
+
+
 def test_a_device_that_cannot_load_never_breaks_import_torch() -> None:
     result = run_python(
         "import torch; print(torch.ones(1).item())",

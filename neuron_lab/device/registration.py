@@ -53,8 +53,27 @@ def is_registered() -> bool:
     return _registered
 
 
+def _check_torch_version() -> None:
+    """The extension runs only with the torch it was built against: say so, with both
+    versions, before loading it fails with an undefined C++ symbol."""
+    try:
+        from neuron_lab.device._built_with import TORCH_VERSION as built_with
+    except ImportError:  # not built yet: loading the extension says so
+        return
+    import torch
+
+    if built_with != torch.__version__:
+        raise ImportError(
+            f"neuron_lab's native runtime was built against torch {built_with}, but this is torch "
+            f"{torch.__version__}. Rebuild it against this torch: `pip install --no-build-isolation .` "
+            "(or `-e .`) in the neuron_lab checkout, or `bash scripts/setup.sh`; or install torch "
+            f"{built_with}."
+        )
+
+
 def _load_extension():
     """Loading the extension registers the allocator, guard, hooks and kernels."""
+    _check_torch_version()
     try:
         from neuron_lab.device import _C
     except ImportError as e:
