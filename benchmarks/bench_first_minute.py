@@ -20,7 +20,8 @@ Rows:
           and a Linear/GELU/LayerNorm backward
 
 Usage: .venv/bin/python benchmarks/bench_first_minute.py [--rounds N] [--rows mlp,chain,...]
-                                                         [--json PATH]
+                                                         [--json PATH] [--plot PNG]
+(--plot draws every iteration of the mlp and chain rows, per mode, from the median round)
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def child_chain(mode: str) -> dict:
 
 def _hf_model(name: str, **overrides):
     sys.path.insert(0, str(ROOT / "tests"))
-    from hf_models import MODELS
     import torch
+    from hf_models import MODELS
     torch.manual_seed(0)
     # GPT-2 without a pad token: transformers then reads no mask back to the host.
     extra = {"pad_token_id": None} if name == "gpt2" else {}
@@ -135,6 +136,7 @@ def child_step(mode: str, name: str) -> dict:
 
 def child_generate(mode: str, name: str) -> dict:
     import resource
+
     import torch
     device = _device(mode)
     big = {"n_positions": 512} if name == "gpt2" else {"max_position_embeddings": 512}
@@ -201,7 +203,7 @@ def run_child(row: str, mode: str, model: str | None = None) -> dict:
         first_op, backward = map(float, done.stdout.split())
         return {"first_op_s": first_op, "backward_s": backward, "process_s": time.perf_counter() - start}
     cmd = [sys.executable, __file__, "--child", row, mode] + ([model] if model else [])
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{row}/{mode}/{model} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -260,8 +262,8 @@ def first_minute(row: str, rounds: int, table: list, raw: dict) -> None:
             else:
                 target, met = "<= 1.0x CPU eager", vs_cpu <= 1.0
         extra = f" / CPU compile {_ms(cells['cpu_compile'])}" if row == "chain" else ""
-        table.append((f"{row}, {window}", f"{_ms(cells['adaptive'])} / {_ms(cells['eager'])} / "
-                      f"{_ms(cells['cpu'])}{extra}", f"{ratio:.2f}x eager, {vs_cpu:.2f}x CPU", target,
+        table.append((f"{row}, {window}", (f"{_ms(cells['adaptive'])} / {_ms(cells['eager'])} / "
+                      f"{_ms(cells['cpu'])}{extra}"), f"{ratio:.2f}x eager, {vs_cpu:.2f}x CPU", target,
                       "yes" if met else "NO"))
 
 
@@ -269,16 +271,16 @@ def steps(rounds: int, table: list, raw: dict) -> None:
     for name in ("gpt2", "llama"):
         res = _rounds("step", ["adaptive", "eager", "cpu"], rounds, name)
         raw[f"step_{name}"] = res
-        fig = lambda r: _median(r["times"])  # noqa: E731
+        fig = lambda r: _median(r["times"])
         vs_cpu = _paired(res, "adaptive", "cpu", fig)
         launches = _median([r["launches_per_step"] for r in res["adaptive"]])
         waits = _median([r["waits_per_step"] for r in res["adaptive"]])
         equal = all(a["losses"] == e["losses"] for a, e in zip(res["adaptive"], res["eager"]))
         met = vs_cpu <= 0.9 and launches <= 4 and waits <= 1 and equal
-        table.append((f"{name} AdamW step", f"{_ms(_median([fig(r) for r in res['adaptive']]))} / "
-                      f"{_ms(_median([fig(r) for r in res['eager']]))} / {_ms(_median([fig(r) for r in res['cpu']]))}",
-                      f"{vs_cpu:.2f}x CPU, {launches:g} launches, {waits:g} waits, losses "
-                      f"{'equal' if equal else 'DIFFER'}", "<= 0.9x CPU, <= 4, <= 1, equal", "yes" if met else "NO"))
+        table.append((f"{name} AdamW step", (f"{_ms(_median([fig(r) for r in res['adaptive']]))} / "
+                      f"{_ms(_median([fig(r) for r in res['eager']]))} / {_ms(_median([fig(r) for r in res['cpu']]))}"),
+                      (f"{vs_cpu:.2f}x CPU, {launches:g} launches, {waits:g} waits, losses "
+                      f"{'equal' if equal else 'DIFFER'}"), "<= 0.9x CPU, <= 4, <= 1, equal", "yes" if met else "NO"))
 
 
 def generation(rounds: int, table: list, raw: dict) -> None:
@@ -289,10 +291,10 @@ def generation(rounds: int, table: list, raw: dict) -> None:
         equal = all(a["tokens"] == c["tokens"] for a, c in zip(res["adaptive"], res["cpu"]))
         a = res["adaptive"][0]
         table.append((f"{name} generate 400, first call",
-                      f"{_ms(_median([r['first_s'] for r in res['adaptive']]))} / - / "
-                      f"{_ms(_median([r['first_s'] for r in res['cpu']]))}",
-                      f"{ratio:.2f}x CPU, tokens {'equal' if equal else 'DIFFER'}, {a['graphs_built']} graphs "
-                      f"built, {a['graphs_evicted']} evicted, RSS +{a['rss_growth_mib']:.0f} MiB",
+                      (f"{_ms(_median([r['first_s'] for r in res['adaptive']]))} / - / "
+                      f"{_ms(_median([r['first_s'] for r in res['cpu']]))}"),
+                      (f"{ratio:.2f}x CPU, tokens {'equal' if equal else 'DIFFER'}, {a['graphs_built']} graphs "
+                      f"built, {a['graphs_evicted']} evicted, RSS +{a['rss_growth_mib']:.0f} MiB"),
                       "<= 1.0x CPU, equal", "yes" if ratio <= 1.0 and equal else "NO"))
 
 
@@ -324,6 +326,34 @@ def cold(rounds: int, table: list, raw: dict) -> None:
                       "from import torch", "-"))
 
 
+def plot(raw: dict, path: str) -> None:
+    """Per-iteration times of the first-minute rows, one panel per row, a line per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in ("mlp", "chain") if r in raw]
+    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 3.6), squeeze=False)
+    labels = {"adaptive": "neuron, default (adaptive)", "eager": "neuron, eager mode", "cpu": "CPU eager",
+              "cpu_compile": "CPU torch.compile"}
+    titles = {"mlp": "MLP SGD step + loss.item()", "chain": "1M-element sin/cos chain + .item()"}
+    for ax, row in zip(axes[0], rows):
+        for mode, runs in raw[row].items():
+            # The run whose first-60 median is the median of the rounds: a typical process.
+            run = sorted(runs, key=lambda r: _median(r["times"][:60]))[len(runs) // 2]
+            ax.plot(range(1, len(run["times"]) + 1), [t * 1e3 for t in run["times"]], label=labels[mode], lw=1)
+        ax.set_yscale("log")
+        ax.set_xlabel("iteration in a fresh process")
+        ax.set_ylabel("ms")
+        ax.set_title(titles[row])
+        ax.axvspan(41, 60, color="0.9", zorder=0)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child_main(sys.argv[2:])
@@ -331,6 +361,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--json")
+    parser.add_argument("--plot", help="write the per-iteration plot of the mlp and chain rows here (PNG)")
     args = parser.parse_args()
     import torch
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cores, one thread "
@@ -347,6 +378,8 @@ def main() -> None:
         print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(raw))
+    if args.plot:
+        plot(raw, args.plot)
 
 
 if __name__ == "__main__":
