@@ -42,24 +42,14 @@ __all__ = [
 
 def start() -> None:
     """Connects the runtime to the device: what it needs at import (the environment's
-    mode and knobs, which files are library code for source lines) now, the rest (an
-    exit hook that waits for queued work) at the device's first use. The background
+    mode and knobs) now, the rest (an exit hook that waits for queued work) at the
+    device's first use. The background
     compiler starts only when something may compile (``configure(compile=True)``,
     ``NEURON_LAB_COMPILE=1``, the neuron torch.compile backend): ``import torch`` starts
     no thread and changes nothing of torch."""
-    import os
-    import sysconfig
-
-    import torch
-
     from neuron_lab.adaptive_eager import modes
-    from neuron_lab.device import _C
     from neuron_lab.device.registration import on_first_use
 
-    library = [os.path.dirname(torch.__file__) + os.sep,
-               os.path.dirname(os.path.dirname(__file__)) + os.sep,
-               sysconfig.get_paths()["stdlib"] + os.sep]
-    _C.adaptive.set_library_prefixes(library)
     modes.apply_environment()
     on_first_use(_on_first_use)
 

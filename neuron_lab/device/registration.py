@@ -53,6 +53,18 @@ def is_registered() -> bool:
     return _registered
 
 
+def _library_prefixes() -> list[str]:
+    """Where library code lives (torch, neuron_lab, the standard library): the user's line
+    of an op, a launch or a wait is the first frame outside them."""
+    import os
+    import sysconfig
+
+    import torch
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # neuron_lab/
+    return [os.path.dirname(torch.__file__) + os.sep, package + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+
+
 def _check_torch_version() -> None:
     """The extension runs only with the torch it was built against: say so, with both
     versions, before loading it fails with an undefined C++ symbol."""
@@ -99,6 +111,7 @@ def register() -> None:
         _C = _load_extension()
 
         _C.configure(settings.num_cores, settings.core_memory)
+        _C.trace.set_library_prefixes(_library_prefixes())
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
 
         from neuron_lab.device import api

@@ -9,6 +9,7 @@
 //                 background compiler, compiled graphs swapped in
 #pragma once
 
+#include "../../device/csrc/interceptor.h"
 #include "../../device/csrc/runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -105,22 +106,12 @@ void note_fresh_output(const at::Tensor& t);
 // True when new tensors should be created pending (lazy modes).
 bool lazy_allocation();
 void note_sync(const char* reason);
-
-// ---- source.cpp ----------------------------------------------------------------
-struct SourceLoc {
-  int32_t file = -1;  // index into the interned file/function table; -1: unknown
-  int32_t line = 0;
-};
-SourceLoc capture_source();
-std::string describe_source(SourceLoc loc);
-struct SourceFrame {
-  std::string file;
-  int line = 0;
-  std::string function;
-};
-SourceFrame source_frame(SourceLoc loc);
-// Files under these prefixes are library code, skipped when looking for the user's line.
-void set_library_prefixes(std::vector<std::string> prefixes);
+// Launch the ops a stream has buffered, or every buffered op of a device (-1: all).
+void flush_stream_buffer(c10::Stream stream, const char* reason);
+void flush_device_buffers(c10::DeviceIndex device, const char* reason);
+// Registers the recorder as the device's interceptor (interceptor.h), when the extension
+// loads; false unregisters it, leaving the device alone (a test of the device by itself).
+void install_recorder(bool installed = true);
 
 // ---- launch.cpp --------------------------------------------------------------------
 // How an op's results relate to its arguments (from its schema).
@@ -150,7 +141,7 @@ struct Record {
   std::vector<at::Tensor> outputs;   // results made by the recorder (functional ops)
   int64_t written_bytes = 0;
   int64_t record_ns = 0;  // host time spent recording it
-  SourceLoc source;
+  trace::Source source;
   bool random = false;       // draws from a generator
   bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
   bool in_torch_compile_graph = false;  // recorded while a torch.compile graph ran

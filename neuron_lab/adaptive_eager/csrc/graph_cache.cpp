@@ -249,7 +249,6 @@ const c10::FunctionSchema* op_schema(const Graph& g, size_t k) {
 
 std::string op_name(const Graph& g, size_t k) { return op_schema(g, k)->operator_name().name; }
 
-trace::Source to_trace(SourceLoc loc) { return {loc.file, loc.line}; }
 
 constexpr size_t kRecentPerFirstOp = 8;
 
@@ -283,7 +282,7 @@ class GraphCache {
     g->key_hash = h;
     g->n_ops = static_cast<int64_t>(records.size());
     g->first_op = records.front().op.schema().operator_name().name;
-    g->source = describe_source(records.front().source);
+    g->source = trace::describe(records.front().source);
     g->flush_reason = flush_reason;
     g->ops_hash = ops_hash_of(*g);
     g->first_record_hash = record_hash(records.front());
@@ -351,7 +350,7 @@ class GraphCache {
     e.what = "graph " + std::to_string(g.id) + " (" + std::to_string(g.n_ops) + " op" + (g.n_ops == 1 ? "" : "s") +
              ", from " + g.first_op + ")";
     e.graph_id = g.id;
-    e.source = to_trace(records.front().source);
+    e.source = records.front().source;
     std::shared_ptr<Graph> same_ops;
     if (auto it = by_ops_.find(g.ops_hash); it != by_ops_.end()) same_ops = it->second.lock();
     if (same_ops && same_ops->op_offsets.size() == g.op_offsets.size()) {
@@ -360,7 +359,7 @@ class GraphCache {
         if (op_words_hash(g, i) == op_words_hash(*same_ops, i)) continue;
         e.detail = "op " + std::to_string(i + 1) + " " + op_name(g, i) + " got inputs " + describe_op(g, i) +
                    "; cached graph " + std::to_string(same_ops->id) + " has " + describe_op(*same_ops, i);
-        e.source = to_trace(records[i].source);
+        e.source = records[i].source;
         return e;
       }
       e.detail = "same ops and input shapes as graph " + std::to_string(same_ops->id) +
@@ -389,7 +388,7 @@ class GraphCache {
       if (k < g.op_offsets.size() && k < longest->op_offsets.size()) {
         e.detail += "op " + std::to_string(k + 1) + " is " + op_name(g, k) + " here and " + op_name(*longest, k) +
                     " there";
-        e.source = to_trace(records[k].source);
+        e.source = records[k].source;
       } else if (k == g.op_offsets.size()) {
         e.detail += "this graph ends (flushed: " + g.flush_reason + ") where graph " + std::to_string(longest->id) +
                     " goes on";

@@ -217,7 +217,7 @@ struct Launch {
   // Marks what records [first, end of launch) write as never computed, because `failed` failed.
   void poison_from(size_t first, const Record& failed) {
     const std::string why = std::string(failed.op.schema().operator_name().name) + " failed (recorded at " +
-                            describe_source(failed.source) + ")";
+                            trace::describe(failed.source) + ")";
     for (size_t j = first; j < records.size(); ++j) {
       for_each_written(records[j], [&](const c10::Storage& st) { poison(st, why); });
     }
@@ -390,7 +390,7 @@ struct Launch {
     std::ostringstream out;
     out << "neuron: " << r.op.schema().operator_name() << " failed on neuron:" << int(device) << " (stream "
         << stream_id << ", in a launch of " << records.size() << " recorded op" << (records.size() == 1 ? "" : "s")
-        << "); inputs " << shapes_of(r) << "; recorded at " << describe_source(r.source)
+        << "); inputs " << shapes_of(r) << "; recorded at " << trace::describe(r.source)
         << ". Results computed before this op keep their values; set "
            "neuron_lab.set_mode('blocking') to raise errors at the op itself.";
     return out.str();
@@ -447,7 +447,6 @@ void Graph::note_run(bool compiled, int64_t ns) {
 }
 
 namespace {
-trace::Source to_trace(SourceLoc loc) { return {loc.file, loc.line}; }
 }  // namespace
 
 void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason) {
@@ -507,7 +506,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
         materialize(u.storage);
       } catch (c10::Error& e) {
         e.add_context("neuron: raised while giving memory to the results of " + std::to_string(l->records.size()) +
-                      " recorded op(s), the first recorded at " + describe_source(l->records.front().source));
+                      " recorded op(s), the first recorded at " + trace::describe(l->records.front().source));
         throw;
       }
     }
@@ -587,10 +586,10 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     rec.n_ops = static_cast<int64_t>(l->records.size());
     rec.graph_id = l->graph ? l->graph->id : -1;
     rec.bytes_allocated = allocated_bytes;
-    rec.source = to_trace(first.source);
+    rec.source = first.source;
     rec.ops.reserve(l->records.size());
     for (const auto& r : l->records) {
-      rec.ops.push_back({std::string(r.op.schema().operator_name().name), shapes_of(r), to_trace(r.source),
+      rec.ops.push_back({std::string(r.op.schema().operator_name().name), shapes_of(r), r.source,
                          r.record_ns, -1});
     }
     work.record = l->record;

@@ -3,6 +3,7 @@
 // compiler (neuron_lab/adaptive_eager/compiler.py); compiled graphs swapped in
 // and run on the device threads.
 #include "adaptive_eager.h"
+#include "../../device/csrc/python_submodules.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -182,6 +183,16 @@ bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const s
 }
 
 void register_bindings(py::module& m) {
+  install_recorder();  // the device now hands recordable ops to the recorder
+  m.def(
+      "install_recorder",
+      [](bool installed) {
+        py::gil_scoped_release no_gil;
+        install_recorder(installed);
+      },
+      py::arg("installed"),
+      "Registers (True) or unregisters (False) the recorder as the device's interceptor; "
+      "without it every op runs at once, as the device alone runs it.");
   m.def("set_mode", [](int mode) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "unknown mode");
     py::gil_scoped_release no_gil;
@@ -349,12 +360,11 @@ void register_bindings(py::module& m) {
   });
   m.def("set_recording_torch_compile_graph", [](bool on) { return set_recording_torch_compile_graph(on); },
         "Marks the ops this thread records as a torch.compile graph's; returns the previous value.");
-  m.def("set_library_prefixes", [](std::vector<std::string> prefixes) { set_library_prefixes(std::move(prefixes)); });
   m.def(
       "flush",
       [](int device, const std::string& reason) {
         py::gil_scoped_release no_gil;
-        neuron::flush_device_buffers(static_cast<c10::DeviceIndex>(device), reason.c_str());
+        flush_device_buffers(static_cast<c10::DeviceIndex>(device), reason.c_str());
       },
       py::arg("device"), py::arg("reason") = "explicit flush");
   m.def("synchronize_all", [](const std::string& reason) {
@@ -368,5 +378,9 @@ void register_bindings(py::module& m) {
     return neuron::stream_enqueued(s) - neuron::stream_completed(s);
   });
 }
+
+// neuron_lab.device._C.adaptive, added when the extension loads.
+[[maybe_unused]] const bool kBound = add_python_submodule("adaptive", "The adaptive-eager recorder (neuron_lab.adaptive_eager).",
+                                                          &register_bindings);
 
 }  // namespace neuron::lazy

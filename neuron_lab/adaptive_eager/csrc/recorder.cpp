@@ -599,34 +599,26 @@ bool follows_cached_graph(Buffer& b) {
 
 }  // namespace
 
-}  // namespace neuron::lazy
-
-namespace neuron {
-
 void flush_stream_buffer(c10::Stream stream, const char* reason) {
   auto& s = stream_state(stream);
-  auto& b = lazy::buffer_of(s);
-  auto lock = lazy::lock_buffer(b);
-  lazy::flush_locked(b, s, reason);
+  auto& b = buffer_of(s);
+  auto lock = lock_buffer(b);
+  flush_locked(b, s, reason);
 }
 
 void flush_device_buffers(c10::DeviceIndex device, const char* reason) {
-  std::vector<std::pair<StreamState*, lazy::Buffer*>> all;
+  std::vector<std::pair<StreamState*, Buffer*>> all;
   {
-    std::lock_guard<std::mutex> lock(lazy::g_buffers_mutex);
-    for (auto& [s, b] : lazy::buffers()) {
+    std::lock_guard<std::mutex> lock(g_buffers_mutex);
+    for (auto& [s, b] : buffers()) {
       if (device < 0 || stream_of(*s).device_index() == device) all.emplace_back(s, b.get());
     }
   }
   for (auto& [s, b] : all) {
-    auto lock = lazy::lock_buffer(*b);
-    lazy::flush_locked(*b, *s, reason);
+    auto lock = lock_buffer(*b);
+    flush_locked(*b, *s, reason);
   }
 }
-
-}  // namespace neuron
-
-namespace neuron::lazy {
 
 // ---- recording --------------------------------------------------------------------------
 
@@ -798,7 +790,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       stack->push_back(std::move(list));
     }
   }
-  if (policy().capture_source.load(std::memory_order_relaxed)) r.source = capture_source();
+  if (policy().capture_source.load(std::memory_order_relaxed)) r.source = trace::capture();
   r.in_torch_compile_graph = tl_in_torch_compile_graph;
   tl_fresh.fill(nullptr);
   counters().ops_recorded.fetch_add(1, std::memory_order_relaxed);
@@ -968,10 +960,41 @@ void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& r
   }
 }
 
-}  // namespace neuron::lazy
+// ---- the device's interceptor (neuron_lab/device/csrc/interceptor.h) -------------------
 
-namespace neuron {
-void sync_tensors(const std::vector<at::Tensor>& tensors, const std::string& reason) {
-  lazy::prepare_inline(tensors, reason);
+namespace {
+
+// What the device asks of the recorder, registered when the extension loads.
+class Recorder final : public OpInterceptor {
+ public:
+  bool active() const override { return mode() != Mode::Blocking; }
+  bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) override {
+    return lazy::try_record(op, stack);
+  }
+  bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) override {
+    return lazy::try_copy_from_host(dst, src);
+  }
+  void before_host_access(const std::vector<at::Tensor>& tensors, const std::string& reason) override {
+    prepare_inline(tensors, reason);
+  }
+  void check_readable(const at::Tensor& t) override { lazy::check_readable(t); }
+  void note_written(const at::Tensor& t) override { lazy::note_written(t); }
+  void after_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) override {
+    learn_from_inline_run(op, stack);
+  }
+  bool defers_allocation() const override { return lazy_allocation(); }
+  void note_fresh_output(const at::Tensor& t) override { lazy::note_fresh_output(t); }
+  void flush_stream(c10::Stream stream, const char* reason) override { flush_stream_buffer(stream, reason); }
+  void flush_device(c10::DeviceIndex device, const char* reason) override { flush_device_buffers(device, reason); }
+  void note_sync(const char* reason) override { lazy::note_sync(reason); }
+};
+
+}  // namespace
+
+void install_recorder(bool installed) {
+  static auto* recorder = new Recorder();
+  flush_device_buffers(-1, "mode change");  // nothing stays buffered behind the switch
+  set_interceptor(installed ? recorder : nullptr);
 }
-}  // namespace neuron
+
+}  // namespace neuron::lazy

@@ -2,6 +2,7 @@
 // runtime's counters. Device, stream, event and memory APIs reach Python
 // through PyTorch itself (torch.accelerator, torch.Stream, torch.Event), which
 // calls the guard, hooks and allocator registered by the other files.
+#include "python_submodules.h"
 #include "runtime.h"
 
 #include <pybind11/pybind11.h>
@@ -10,13 +11,27 @@
 
 namespace py = pybind11;
 
-namespace neuron::lazy {
-void register_bindings(py::module& m);  // neuron_lab/adaptive_eager/csrc/python.cpp
-}
 namespace neuron {
 void register_trace_bindings(py::module& m);   // trace_bindings.cpp
 void register_kernel_bindings(py::module& m);  // kernel_bindings.cpp
+
+namespace {
+struct Submodule {
+  const char* name;
+  const char* doc;
+  SubmoduleBinder bind;
+};
+std::vector<Submodule>& submodules() {
+  static auto* all = new std::vector<Submodule>();
+  return *all;
 }
+}  // namespace
+
+bool add_python_submodule(const char* name, const char* doc, SubmoduleBinder bind) {
+  submodules().push_back({name, doc, bind});
+  return true;
+}
+}  // namespace neuron
 
 namespace {
 
@@ -113,8 +128,10 @@ py::dict snapshot_to_dict(const neuron::MemorySnapshot& snap) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
-  auto adaptive = m.def_submodule("adaptive", "The adaptive-eager recorder (neuron_lab.adaptive_eager).");
-  neuron::lazy::register_bindings(adaptive);
+  for (const auto& sub : neuron::submodules()) {
+    auto module = m.def_submodule(sub.name, sub.doc);
+    sub.bind(module);
+  }
   auto trace = m.def_submodule("trace", "Launch records and the event log (neuron_lab.observability).");
   neuron::register_trace_bindings(trace);
   auto kernels = m.def_submodule("kernels", "Host kernels over device memory (neuron_lab.kernels, torch.compile).");

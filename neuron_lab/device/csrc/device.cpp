@@ -1,6 +1,7 @@
 // Configuration, current device, events and the device guard: what
 // c10::DeviceGuard, torch.Stream and torch.Event call. Streams themselves (the
 // queues and device threads) live in executor.cpp.
+#include "interceptor.h"
 #include "runtime.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -111,7 +112,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   bool queryStream(const c10::Stream& stream) const override {
-    flush_stream_buffer(stream, "stream query");
+    interceptor().flush_stream(stream, "stream query");
     return stream_idle(stream_state(stream));
   }
   void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
@@ -130,7 +131,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       *event = ev;
     }
     // The event covers every op recorded on the stream so far.
-    flush_stream_buffer(stream, "event record");
+    interceptor().flush_stream(stream, "event record");
     auto& s = stream_state(stream);
     auto mark = std::make_shared<Event::Mark>();
     Work marker;
@@ -153,7 +154,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (&waiting == ev->stream) return;  // a stream is ordered with itself
     if (ev->completed()) return;         // nothing left to wait for
     // Ops recorded on the waiting stream before the wait may run before it.
-    flush_stream_buffer(stream, "stream wait");
+    interceptor().flush_stream(stream, "stream wait");
     Work wait;
     wait.skippable = false;
     wait.busy = false;

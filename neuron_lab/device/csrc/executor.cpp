@@ -3,11 +3,8 @@
 // device executes. Several streams execute concurrently; events and waits order
 // them. Errors inside a launch are kept on the stream and raised at the next
 // wait, as CUDA reports asynchronous errors.
+#include "interceptor.h"
 #include "runtime.h"
-
-namespace neuron::lazy {
-void note_sync(const char* reason);  // the recorder's counters (adaptive_eager)
-}
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -317,7 +314,7 @@ c10::Stream exchange_stream(c10::Stream stream) {
   stream_state(stream);  // validates
   const auto index = stream.device_index();
   auto previous = current_stream(index);
-  if (previous != stream) flush_stream_buffer(previous, "stream switch");
+  if (previous != stream) interceptor().flush_stream(previous, "stream switch");
   tl_stream[index] = stream.id();
   return previous;
 }
@@ -397,8 +394,8 @@ void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
 
 void synchronize_stream(c10::Stream stream, const char* reason) {
   trace::SyncScope scope(reason, stream.device_index());
-  lazy::note_sync(reason);
-  flush_stream_buffer(stream, reason);
+  interceptor().note_sync(reason);
+  interceptor().flush_stream(stream, reason);
   auto& s = stream_state(stream);
   wait_for(s, stream_enqueued(s), reason);
 }
@@ -406,8 +403,8 @@ void synchronize_stream(c10::Stream stream, const char* reason) {
 void synchronize_device(c10::DeviceIndex index, const char* reason) {
   index = resolve_device(index);
   trace::SyncScope scope(reason, index);
-  lazy::note_sync(reason);
-  flush_device_buffers(index, reason);
+  interceptor().note_sync(reason);
+  interceptor().flush_device(index, reason);
   // Every stream is waited for before the first error is raised: a
   // synchronize leaves the device idle either way.
   std::exception_ptr first;

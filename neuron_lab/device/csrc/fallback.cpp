@@ -6,8 +6,8 @@
 // (in-place and out= ops) returns that argument; an output that views an
 // argument's memory becomes a neuron view of it. Only fresh results are copied
 // into device memory, so the allocator accounts for every byte.
+#include "interceptor.h"
 #include "runtime.h"
-#include "../../adaptive_eager/csrc/adaptive_eager.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -254,8 +254,8 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                               schema.operator_name(),
                               " has no kernel for the neuron device, nor a CPU kernel to run it with. "
                               "Run it on the CPU: move its inputs there with .cpu().");
-  // Adaptive and eager modes: recorded, launched later on the current stream.
-  if (lazy::try_record(op, stack)) return;
+  // A runtime that records ops (adaptive eager) may take it, to launch later.
+  if (interceptor().try_record(op, stack)) return;
   const auto& args = schema.arguments();
   const size_t num_args = args.size();
   const size_t begin = stack->size() - num_args;
@@ -277,13 +277,13 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       if (is_write(args[i])) written.insert(written.end(), touched.begin() + first, touched.end());
     }
-    sync_tensors(touched, schema.operator_name().name);
+    interceptor().before_host_access(touched, schema.operator_name().name);
     for (size_t i = 0; i < touched.size(); ++i) {
       // Inputs must hold computed values; what the op writes is overwritten.
       if (std::find_if(written.begin(), written.end(), [&](const at::Tensor& t) {
             return t.unsafeGetTensorImpl() == touched[i].unsafeGetTensorImpl();
           }) == written.end()) {
-        lazy::check_readable(touched[i]);
+        interceptor().check_readable(touched[i]);
       }
     }
   }
@@ -342,7 +342,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   op_counters().fallback_ops += 1;
   call.write_back();
-  for (const auto& t : written) lazy::note_written(t);
+  for (const auto& t : written) interceptor().note_written(t);
 
   const size_t num_returns = schema.returns().size();
   const size_t ret_begin = stack->size() - num_returns;
@@ -358,7 +358,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       value = std::move(out);
     }
   }
-  lazy::learn_from_inline_run(op, *stack);  // the next such call can be recorded
+  interceptor().after_inline_run(op, *stack);  // the next such call may be recorded
 }
 
 namespace {

@@ -4,7 +4,7 @@
 // device memory (no copies), a launch scope that the profiler and counters see, and
 // results adopted into device memory without copies.
 #include "runtime.h"
-#include "../../adaptive_eager/csrc/adaptive_eager.h"
+#include "interceptor.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -54,9 +54,9 @@ void register_kernel_bindings(py::module& m) {
         all.insert(all.end(), writes.begin(), writes.end());
         {
           py::gil_scoped_release no_gil;
-          sync_tensors(all, reason);
+          interceptor().before_host_access(all, reason);
         }
-        for (const auto& t : reads) lazy::check_readable(t);
+        for (const auto& t : reads) interceptor().check_readable(t);
       },
       py::arg("reads"), py::arg("writes"), py::arg("reason"),
       "Launches what is buffered and waits for every launch using these tensors; "
@@ -67,7 +67,7 @@ void register_kernel_bindings(py::module& m) {
   m.def(
       "note_written",
       [](const std::vector<at::Tensor>& tensors) {
-        for (const auto& t : tensors) lazy::note_written(t);
+        for (const auto& t : tensors) interceptor().note_written(t);
       },
       py::arg("tensors"), "Marks tensors as computed after a host kernel wrote them.");
   m.def(

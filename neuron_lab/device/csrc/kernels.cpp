@@ -3,7 +3,7 @@
 // storage swaps, and the two convolution entry points PyTorch reserves for
 // out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
 #include "runtime.h"
-#include "../../adaptive_eager/csrc/adaptive_eager.h"
+#include "interceptor.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
@@ -55,12 +55,12 @@ at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::Scal
                                std::optional<c10::MemoryFormat> memory_format) {
   check_creation_options(layout, pin_memory);
   const auto index = target_device(device);
-  if (lazy::lazy_allocation()) {
+  if (interceptor().defers_allocation()) {
     const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
     check_sizes(sizes);
     const auto strides = strides_for(sizes, memory_format.value_or(c10::MemoryFormat::Contiguous));
     auto t = empty_pending(sizes, strides, c10::dtype_or_default(dtype), index);
-    lazy::note_fresh_output(t);
+    interceptor().note_fresh_output(t);
     return t;
   }
   c10::DeviceGuard guard(c10::Device(kNeuron, index));
@@ -73,11 +73,11 @@ at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
   check_creation_options(layout, pin_memory);
   const auto index = target_device(device);
-  if (lazy::lazy_allocation()) {
+  if (interceptor().defers_allocation()) {
     const auto sizes = C10_AS_INTARRAYREF_SLOW(size);
     check_sizes(sizes);
     auto t = empty_pending(sizes, C10_AS_INTARRAYREF_SLOW(stride), c10::dtype_or_default(dtype), index);
-    lazy::note_fresh_output(t);
+    interceptor().note_fresh_output(t);
     return t;
   }
   c10::DeviceGuard guard(c10::Device(kNeuron, index));
@@ -110,19 +110,19 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   if (src_on_device && dst_on_device) {
     // Within the device: an op like any other, recorded on the current stream.
     torch::jit::Stack stack{dst, self, false};
-    if (lazy::try_record(copy_op(), &stack)) {
+    if (interceptor().try_record(copy_op(), &stack)) {
       counters.device_to_device_bytes += bytes;
       return dst;
     }
-  } else if (dst_on_device && lazy::try_copy_from_host(dst, self)) {
+  } else if (dst_on_device && interceptor().try_copy_from_host(dst, self)) {
     counters.host_to_device_bytes += bytes;  // without waiting for the device
     return dst;
   }
   // Host memory is involved: the copy happens now, after the launches that use
   // the device memory (a read of results from the host waits for them).
-  sync_tensors({self, dst}, dst_on_device ? (src_on_device ? "copy between cores" : "copy from host")
+  interceptor().before_host_access({self, dst}, dst_on_device ? (src_on_device ? "copy between cores" : "copy from host")
                                           : "copy to host");
-  lazy::check_readable(self);
+  interceptor().check_readable(self);
   {
     LaunchScope launch(device, "copy_", /*synced=*/true);
     if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
@@ -133,7 +133,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
       host_view(dst).copy_(host_view(self));
     }
   }
-  lazy::note_written(dst);
+  interceptor().note_written(dst);
   if (src_on_device && dst_on_device) {
     counters.device_to_device_bytes += bytes;
   } else if (dst_on_device) {
@@ -211,12 +211,12 @@ void sync_then_change_metadata(const c10::OperatorHandle& op, torch::jit::Stack*
   for (size_t i = stack->size() - n; i < stack->size(); ++i) {
     if ((*stack)[i].isTensor()) tensors.push_back((*stack)[i].toTensor());
   }
-  if (lazy::mode() != lazy::Mode::Blocking) sync_tensors(tensors, op.schema().operator_name().name);
+  if (interceptor().active()) interceptor().before_host_access(tensors, op.schema().operator_name().name);
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
 void sync_before_metadata_change(const at::Tensor& self, const char* what) {
-  if (lazy::mode() != lazy::Mode::Blocking) sync_tensors({self}, what);
+  if (interceptor().active()) interceptor().before_host_access({self}, what);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -370,7 +370,7 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   TORCH_CHECK(storage.resizable(), "neuron: trying to resize a storage that is not resizable");
   auto* impl = storage.unsafeGetStorageImpl();
-  if (is_pending(storage) && lazy::lazy_allocation() &&
+  if (is_pending(storage) && interceptor().defers_allocation() &&
       static_cast<int64_t>(new_size) <= core_capacity()) {
     // Nothing has been written yet: the storage just stays pending, larger.
     impl->set_nbytes(new_size);
@@ -379,7 +379,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   // The old bytes are read now: launches that write them finish first.
   auto holder = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), kNeuronKeys,
                                                         caffe2::TypeMeta::Make<uint8_t>());
-  sync_tensors({holder}, "resize");
+  interceptor().before_host_access({holder}, "resize");
   const auto device = storage.device().index();
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   c10::DataPtr fresh = allocator()->allocate(new_size);

@@ -9,8 +9,11 @@
 //   cuda_parity.cpp  ops CUDA runs for more dtypes than the CPU kernels (integer histc)
 //   random_kernels.cpp  random ops that draw from the core's generator (native_dropout)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
-//   bindings.cpp   the Python module `neuron_lab.device._C`
+//   source.cpp     the user's source line of an op, a launch or a wait (trace.h)
+//   bindings.cpp   the Python module `neuron_lab.device._C` (layers above add submodules:
+//                  python_submodules.h)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -102,7 +105,7 @@ bool in_bad_fork();
 // work is counted as one launch of the current stream.
 class LaunchScope {
  public:
-  // synced: the caller already waited for what the work touches (sync_tensors).
+  // synced: the caller already waited for what the work touches (interceptor().before_host_access).
   // name: the kernel, for the profiler.
   LaunchScope(c10::DeviceIndex device, const char* name, bool synced = false);
   ~LaunchScope();
@@ -116,14 +119,8 @@ class LaunchScope {
   trace::LaunchRecordPtr record_;
 };
 
-// Hooks the adaptive-eager recorder installs (recorder.cpp): launch the ops a
-// stream has buffered, or every buffered op of a device (-1: all devices).
-void flush_stream_buffer(c10::Stream stream, const char* reason);
-void flush_device_buffers(c10::DeviceIndex device, const char* reason);
-// Before the calling thread touches these tensors' memory: launches what is
-// buffered, waits for every launch that uses that memory, and gives pending
-// memory device memory.
-void sync_tensors(const std::vector<at::Tensor>& tensors, const std::string& reason);
+// What a runtime that records ops does at the device's boundaries (flush a stream
+// or a device, before a host access, ...) is the interceptor's: interceptor.h.
 
 // ---- allocator (allocator.cpp) ---------------------------------------------
 c10::DeviceAllocator* allocator();

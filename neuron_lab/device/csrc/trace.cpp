@@ -9,13 +9,7 @@
 #include <map>
 #include <mutex>
 
-namespace neuron::lazy {
-struct SourceLoc;
-}
-
 namespace neuron::trace {
-
-Source capture_source_impl();  // source_bridge in adaptive_eager/csrc/source.cpp
 
 namespace {
 
@@ -78,8 +72,6 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-Source capture() { return capture_source_impl(); }
 
 void add_device_busy(int device, int64_t ns) {
   if (device >= 0 && device < kMaxCores) g_device_busy[device].fetch_add(ns, std::memory_order_relaxed);

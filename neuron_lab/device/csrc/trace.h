@@ -19,13 +19,25 @@ namespace neuron::trace {
 // Steady clock in nanoseconds: the clock of Python's time.monotonic_ns().
 int64_t now_ns();
 
-// A user's source line, as neuron::lazy::SourceLoc (file < 0: unknown).
+// ---- source lines (source.cpp) --------------------------------------------------
+// A user's source line: an index into an interned table of code objects' files and
+// functions, and a line (file < 0: unknown, e.g. an op from autograd's backward pass).
 struct Source {
   int32_t file = -1;
   int32_t line = 0;
 };
-// The caller's source line (the first frame outside library code).
+// The calling thread's source line: its first Python frame outside library code.
 Source capture();
+// "file.py:12 in function", or why the line is unknown.
+std::string describe(Source loc);
+struct SourceFrame {
+  std::string file;
+  int line = 0;
+  std::string function;
+};
+SourceFrame frame(Source loc);
+// Files under these prefixes are library code, skipped when looking for the user's line.
+void set_library_prefixes(std::vector<std::string> prefixes);
 
 // ---- running totals ------------------------------------------------------------
 void add_device_busy(int device, int64_t ns);

@@ -1,7 +1,6 @@
 // The Python module neuron_lab.device._C.trace: launch records, memory samples,
 // running totals and the event log, as plain Python values (trace.h).
 #include "runtime.h"
-#include "../../adaptive_eager/csrc/adaptive_eager.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -13,7 +12,7 @@ namespace {
 
 py::object source_tuple(trace::Source s) {
   if (s.file < 0) return py::none();
-  const auto f = lazy::source_frame({s.file, s.line});
+  const auto f = trace::frame(s);
   return py::make_tuple(f.file, f.line, f.function);
 }
 
@@ -66,6 +65,9 @@ py::dict event_dict(const trace::Event& e) {
 
 void register_trace_bindings(py::module& m) {
   m.def("now_ns", &trace::now_ns, "The runtime's clock (time.monotonic_ns()).");
+  m.def(
+      "set_library_prefixes", [](std::vector<std::string> prefixes) { trace::set_library_prefixes(std::move(prefixes)); },
+      py::arg("prefixes"), "Files under these prefixes are library code, skipped when looking for the user's line.");
   m.def("start_profile", &trace::start_profile, "Starts collecting launch records; returns a handle.");
   m.def(
       "stop_profile",

@@ -9,8 +9,9 @@
 //
 // Cost: a walk over the innermost frames, skipping library frames (torch,
 // neuron_lab, the standard library), one lock-free per-thread lookup per frame and
-// one line-table decode for the frame kept; no strings are made per op. Off with neuron_lab.adaptive_eager.configure(capture_source=False).
-#include "adaptive_eager.h"
+// one line-table decode for the frame kept; no strings are made per op. (A runtime that
+// records ops may capture a line per op, and let users turn that off.)
+#include "trace.h"
 
 #include <Python.h>
 #include <frameobject.h>
@@ -27,7 +28,7 @@
 #include <deque>
 #include <unordered_map>
 
-namespace neuron::lazy {
+namespace neuron::trace {
 namespace {
 
 struct CodeEntry {
@@ -134,9 +135,9 @@ void set_library_prefixes(std::vector<std::string> prefixes) {
   }
 }
 
-SourceLoc capture_source() {
+Source capture() {
   if (!Py_IsInitialized()) return {};
-  SourceLoc innermost;
+  Source innermost;
 #ifdef NEURON_FRAME_WALK
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr || ts->cframe == nullptr) return {};
@@ -162,7 +163,7 @@ SourceLoc capture_source() {
     PyCodeObject* code = PyFrame_GetCode(frame);
     const int32_t id = intern(code);
     Py_DECREF(code);
-    const SourceLoc here{id, PyFrame_GetLineNumber(frame)};
+    const Source here{id, PyFrame_GetLineNumber(frame)};
     if (depth == 0) innermost = here;
     if (!is_library(id)) {
       Py_DECREF(frame);
@@ -177,26 +178,18 @@ SourceLoc capture_source() {
   return innermost;
 }
 
-std::string describe_source(SourceLoc loc) {
+std::string describe(Source loc) {
   if (loc.file < 0) return "an unknown line (recorded outside Python, e.g. by autograd's backward pass)";
   std::lock_guard<std::mutex> lock(g_mutex);
   const auto& e = entries()[static_cast<size_t>(loc.file)];
   return e.file + ":" + std::to_string(loc.line) + " in " + e.function;
 }
 
-SourceFrame source_frame(SourceLoc loc) {
+SourceFrame frame(Source loc) {
   if (loc.file < 0) return {};
   std::lock_guard<std::mutex> lock(g_mutex);
   const auto& e = entries()[static_cast<size_t>(loc.file)];
   return {e.file, loc.line, e.function};
 }
 
-}  // namespace neuron::lazy
-
-namespace neuron::trace {
-// The device runtime's view of the user's source line (trace.h).
-Source capture_source_impl() {
-  const auto loc = lazy::capture_source();
-  return {loc.file, loc.line};
-}
 }  // namespace neuron::trace

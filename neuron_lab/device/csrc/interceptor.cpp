@@ -1,0 +1,33 @@
+// The device's side of the interceptor interface (interceptor.h).
+#include "interceptor.h"
+
+#include "runtime.h"
+
+#include <atomic>
+
+namespace neuron {
+namespace {
+
+OpInterceptor& run_at_once() {
+  static auto* none = new OpInterceptor();
+  return *none;
+}
+
+std::atomic<OpInterceptor*> g_interceptor{nullptr};
+
+}  // namespace
+
+void OpInterceptor::before_host_access(const std::vector<at::Tensor>& tensors, const std::string& /*reason*/) {
+  for (const auto& t : tensors) {
+    if (t.defined() && t.device().type() == kNeuron) materialize(t.storage());
+  }
+}
+
+OpInterceptor& interceptor() {
+  OpInterceptor* runtime = g_interceptor.load(std::memory_order_acquire);
+  return runtime != nullptr ? *runtime : run_at_once();
+}
+
+void set_interceptor(OpInterceptor* runtime) { g_interceptor.store(runtime, std::memory_order_release); }
+
+}  // namespace neuron
