@@ -62,6 +62,7 @@ def test_the_device_runs_alone_without_the_recorder() -> None:
                 opt.step()
             side = torch.neuron.Stream() if device == "neuron" else None
             if side is not None:
+                side.wait_stream(torch.neuron.current_stream())  # as on CUDA: the weights come from it
                 with torch.neuron.stream(side):
                     y = model(x) * 2
                 torch.neuron.current_stream().wait_stream(side)
