@@ -368,14 +368,16 @@ def main() -> None:
           f"per process, {args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M')}")
     table: list = []
     raw: dict = {}
-    for row in args.rows.split(","):
-        if row in ("mlp", "chain"):
-            first_minute(row, args.rounds, table, raw)
-        else:
-            {"step": steps, "generate": generation, "compile": compiled, "cold": cold}[row](args.rounds, table, raw)
-    print("\n| row | default / eager / CPU | ratio | target | met? |\n|---|---|---|---|---|")
-    for cells in table:
-        print("| " + " | ".join(cells) + " |")
+    try:
+        for row in args.rows.split(","):
+            if row in ("mlp", "chain"):
+                first_minute(row, args.rounds, table, raw)
+            else:
+                {"step": steps, "generate": generation, "compile": compiled, "cold": cold}[row](args.rounds, table, raw)
+    finally:  # a row that fails still leaves the rows before it
+        print("\n| row | default / eager / CPU | ratio | target | met? |\n|---|---|---|---|---|")
+        for cells in table:
+            print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(raw))
     if args.plot:
