@@ -1,10 +1,11 @@
 """Builds the native runtime of the `neuron` device (neuron_lab.device._C).
 
 Everything else about the package lives in pyproject.toml. The extension needs
-torch's headers at build time, and runs only with the torch it was built against, so
-install with `--no-build-isolation` after torch itself (the README's set-up commands do
-this). The torch version of the build is written to neuron_lab/device/_built_with.py,
-which the device checks before it loads the extension.
+torch's headers at build time, and runs only with the torch it was built against: an
+isolated build (plain `pip install .`) gets exactly the environment's torch from the
+build backend (_build_backend.py); the README's set-up builds without isolation. The
+torch version of the build is written to neuron_lab/device/_built_with.py, which the
+device checks before it loads the extension.
 """
 
 import os
