@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from setuptools import build_meta as _setuptools
 from setuptools.build_meta import *  # noqa: F401,F403 - every other hook is setuptools'
 
 TORCH_RANGE = "torch>=2.13,<2.15"  # as in [project.dependencies]
@@ -31,9 +30,12 @@ def _target_torch() -> str:
     return f"torch=={version}" if found.returncode == 0 and version else TORCH_RANGE
 
 
+# What the build needs besides [build-system] requires. setuptools' own hooks would run
+# setup.py to ask, which needs torch before it is installed; the package has no other
+# setup-time requirements.
 def get_requires_for_build_wheel(config_settings=None):
-    return [*_setuptools.get_requires_for_build_wheel(config_settings), _target_torch()]
+    return [_target_torch()]
 
 
 def get_requires_for_build_editable(config_settings=None):
-    return [*_setuptools.get_requires_for_build_editable(config_settings), _target_torch()]
+    return [_target_torch()]
