@@ -33,11 +33,6 @@ void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Reco
 
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // References to a tensor or storage from C++, not counting its Python wrapper's
 // own; `python_holds` is set when Python code holds the wrapper. (While C++
 // holds the object it holds one reference to the wrapper: see intrusive_ptr's
@@ -231,9 +226,9 @@ struct Launch {
     }
     try {
       if (record) {
-        const int64_t start = now_ns();
+        const int64_t start = trace::now_ns();
         replay_one(r);
-        record->ops[i].device_ns = now_ns() - start;
+        record->ops[i].device_ns = trace::now_ns() - start;
       } else {
         replay_one(r);
       }
@@ -397,7 +392,7 @@ struct Launch {
   }
 
   void execute() {
-    const int64_t start = now_ns();
+    const int64_t start = trace::now_ns();
     bool compiled = false;
     if (graph && !replay_only && graph->state.load() == Graph::Compiled && !reads_poison()) {
       compiled = run_compiled(*graph, inputs, input_dtypes);
@@ -415,7 +410,7 @@ struct Launch {
     }
     if (record) record->tier.store(compiled ? 2 : 1);
     if (!compiled) replay();
-    const int64_t elapsed = now_ns() - start;
+    const int64_t elapsed = trace::now_ns() - start;
     (compiled ? counters().compiled_launches : counters().replay_launches).fetch_add(1);
     if (graph) graph->note_run(compiled, elapsed);
   }

@@ -43,11 +43,6 @@ static_assert(kTileElements % kAlignment == 0, "tiles must start on call boundar
 // Smaller tensors fit in cache whole: tiling them gains nothing.
 constexpr int64_t kMinTiledElements = 2 * kTileElements;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 // Whether whole-tensor kernels over `numel` elements split their work only at
 // multiples of kAlignment, whatever number of threads (up to the device thread's) they use.
 bool call_boundaries_aligned(int64_t numel) {
@@ -167,7 +162,7 @@ void replay_tiled(const std::vector<Record>& records, size_t begin, size_t end, 
       const int64_t start = k * kTileElements;
       const int64_t length = std::min(kTileElements, numel - start);
       for (size_t i = begin; i < end; ++i) {
-        const int64_t t0 = op_ns != nullptr ? now_ns() : 0;
+        const int64_t t0 = op_ns != nullptr ? trace::now_ns() : 0;
         try {
           run_tile(records[i], flat, start, length);
         } catch (c10::Error& e) {
@@ -180,7 +175,7 @@ void replay_tiled(const std::vector<Record>& records, size_t begin, size_t end, 
           first_failed.compare_exchange_strong(expected, i);
           TORCH_CHECK(false, e.what(), "\n", context(records[i]));
         }
-        if (op_ns != nullptr) (*op_ns)[i - begin] += now_ns() - t0;  // (profiling: one thread)
+        if (op_ns != nullptr) (*op_ns)[i - begin] += trace::now_ns() - t0;  // (profiling: one thread)
       }
     }
   };

@@ -346,7 +346,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
  private:
-  std::array<Core, 64> cores_;
+  std::array<Core, kMaxCores> cores_;
 };
 
 // Leaked on purpose: tensors may still be freed while the process exits.

@@ -13,19 +13,12 @@
 namespace neuron {
 namespace {
 
-constexpr int kMaxCores = 64;
 
 std::atomic<int> g_num_cores{2};
 std::atomic<int64_t> g_capacity{int64_t(16) << 30};
 
 thread_local c10::DeviceIndex tl_device = 0;
 // Current stream id per core, per thread (as CUDA's current stream).
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 }  // namespace
 
 void configure(int num_cores, int64_t capacity_bytes) {
@@ -139,7 +132,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     marker.busy = false;
     marker.record = trace::new_launch("event", "event record", stream.device_index(), stream.id());
     marker.run = [mark] {
-      mark->time_ns = now_ns();
+      mark->time_ns = trace::now_ns();
       mark->reached.store(true, std::memory_order_release);
     };
     ev->seq = enqueue(s, std::move(marker), /*inline_if_idle=*/true);

@@ -57,7 +57,6 @@ struct StreamState {
 
 namespace {
 
-constexpr int kMaxCores = 64;
 // A host that runs further ahead than this many queued ops waits (as a GPU's
 // bounded launch queue makes it): the queue stays short enough for a wait to
 // be short, and memory held by queued launches bounded.

@@ -35,6 +35,8 @@
 namespace neuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+// The most cores a process can configure (fixed-size per-core tables).
+constexpr int kMaxCores = 64;
 
 // ---- configuration (device.cpp) -------------------------------------------
 // Set once, from Python, before the first tensor is made. Afterwards fixed.

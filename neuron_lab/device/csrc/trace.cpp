@@ -1,6 +1,8 @@
 // Launch records, memory samples, running totals and the event log (trace.h).
 #include "trace.h"
 
+#include "runtime.h"
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -13,7 +15,6 @@ namespace neuron::trace {
 
 namespace {
 
-constexpr int kMaxCores = 64;
 constexpr size_t kMaxEvents = 8192;
 constexpr int kMaxWatermarks = 32;
 
