@@ -592,7 +592,8 @@ def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
     # the backward alone, then optimizer + next forward. Plus the last step's tail.
     assert counters["graph_launches"] == (2 * 10 + 1 if device_thread else 10 + 1)
     boundary = {"thread switch"} if device_thread else {"backward start"}
-    assert boundary <= set(counters["flushes"]) <= boundary | {"synchronize", "inline op"}, counters["flushes"]
+    # Besides the boundary, only the final read of the losses (.tolist(): a copy to the host).
+    assert boundary <= set(counters["flushes"]) <= boundary | {"synchronize", "copy to host"}, counters["flushes"]
     assert len(losses) == 10 and losses[-1] < losses[0]
 
 

@@ -280,6 +280,29 @@ def test_explain_names_the_cause_and_line_of_a_recompile_and_a_sync():
     assert e.summary_line().startswith("neuron: wall ")
 
 
+def test_every_host_wait_carries_a_typed_reason():
+    from neuron_lab.observability.records import Reason
+
+    x = torch.randn(4, 8, device="neuron")
+    torch.neuron.synchronize()
+    with neuron_lab.explain_scope() as e:
+        (x * 2).sum().item()          # a host value
+        (x + 1).cpu()                 # a copy to the host
+        torch.nonzero(x > 0)          # an op that runs on the host
+        (x - 1).resize_(2, 16)        # a metadata change
+        torch.neuron.synchronize()
+    reasons = [(s.reason, s.what) for s in e.sync_events]
+    assert reasons == [(Reason.HOST_READ, "aten::_local_scalar_dense"), (Reason.COPY_TO_HOST, "copy to host"),
+                       (Reason.INLINE_OP, "aten::nonzero"), (Reason.METADATA_CHANGE, "aten::resize_"),
+                       (Reason.SYNCHRONIZE, "synchronize")], reasons
+    assert Reason.COPY_TO_HOST.words == "copy to host"
+    # Host reads are not listed as ops that cut graphs; the others are, with why.
+    assert [ev.what for ev in e.inline_events] == ["aten::nonzero", "aten::resize_"]
+    assert "changes metadata" in str(e)
+    flushes = neuron_lab.adaptive_eager.counters()["flushes"]
+    assert {"host read", "copy to host", "inline op", "metadata change"} <= set(flushes), flushes
+
+
 def test_explain_lists_inline_ops_with_why():
     x = torch.tensor([0.0, 1.0, 0.0, 2.0], device="neuron")
     with neuron_lab.explain_scope() as e:

@@ -65,7 +65,7 @@ def _finish_at_exit() -> None:
     from neuron_lab.device import _C
 
     try:
-        _C.adaptive.synchronize_all("exit")
+        _C.adaptive.synchronize_all(_C.trace.Reason.EXIT)
     except Exception as e:  # noqa: BLE001 - the process is ending: say it, do not raise
         import sys
 

@@ -253,7 +253,7 @@ def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Cal
             _adaptive.set_recording_torch_compile_graph(previous)
         del items
         for device in devices:
-            _adaptive.flush(device, "end of a compiled graph")
+            _adaptive.flush(device, _C.trace.Reason.COMPILED_GRAPH_END)
         record["launches"] += 1
         return outputs
 
@@ -319,7 +319,7 @@ def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.
 
     def launch(*args: Any) -> Any:
         tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
-        _kernels.prepare_host_access(tensors, [], name)
+        _kernels.prepare_host_access(tensors, [], name, reason=_C.trace.Reason.COMPILED_GRAPH)
         # Inductor's code allocates its results with the CPU allocator: inside the launch
         # those allocations take device memory, and adopt() keeps them without copies.
         with _kernels.InlineLaunch(device, name, device_memory=True):

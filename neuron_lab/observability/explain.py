@@ -22,6 +22,8 @@ import torch
 
 from neuron_lab.adaptive_eager import stats
 from neuron_lab.device import _C
+
+Reason = _C.trace.Reason
 from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
 
 __all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
@@ -49,34 +51,37 @@ def format_seconds(s: float) -> str:
 
 # What triggered a host wait, in the user's words.
 _SYNC_TRIGGERS = {
-    "aten::_local_scalar_dense": "a value read on the host (.item(), float(), bool(), if/while on a tensor, printing)",
-    "copy to host": "a copy to the host (.cpu(), .numpy(), .tolist(), printing)",
-    "copy from host": "a copy from host memory into a tensor still in use by the device",
-    "copy between cores": "a copy between cores",
-    "synchronize": "torch.neuron.synchronize() (or torch.accelerator.synchronize())",
-    "event synchronize": "Event.synchronize()",
-    "memory statistics": "reading memory statistics",
-    "memory snapshot": "a memory snapshot",
-    "random state": "reading or seeding the random generator",
-    "mode change": "a change of execution mode",
+    Reason.COPY_TO_HOST: "a copy to the host (.cpu(), .numpy(), .tolist(), printing)",
+    Reason.COPY_FROM_HOST: "a copy from host memory into a tensor still in use by the device",
+    Reason.COPY_BETWEEN_CORES: "a copy between cores",
+    Reason.SYNCHRONIZE: "torch.neuron.synchronize() (or torch.accelerator.synchronize())",
+    Reason.EVENT_SYNCHRONIZE: "Event.synchronize()",
+    Reason.MEMORY_STATISTICS: "reading memory statistics",
+    Reason.MEMORY_SNAPSHOT: "a memory snapshot",
+    Reason.RANDOM_STATE: "reading or seeding the random generator",
+    Reason.MODE_CHANGE: "a change of execution mode",
 }
 # Waits that only read the runtime's bookkeeping: not, by themselves, use of the device.
-_BOOKKEEPING_SYNCS = {"memory statistics", "memory snapshot"}
-_HOST_READS = {"aten::_local_scalar_dense", "copy to host", "aten::equal", "aten::is_nonzero"}
+_BOOKKEEPING_SYNCS = {Reason.MEMORY_STATISTICS, Reason.MEMORY_SNAPSHOT}
+# The host reads device values: the waits a user's loop usually causes.
+_HOST_READS = {Reason.HOST_READ, Reason.COPY_TO_HOST}
+# Launches that are one inline launch on purpose.
+_BY_DESIGN = {
+    Reason.COMPILED_GRAPH: "a torch.compile graph: one launch by design",
+    Reason.CUSTOM_KERNEL: "a custom kernel (neuron_lab.kernels): a fusion boundary by design",
+}
 
 
-def _by_design(what: str) -> str:
-    """Why a launch of this name is inline on purpose ("" when it is not)."""
-    if what.startswith("compiled ") and " graph " in what:
-        return "a torch.compile graph: one launch by design"
-    if "::" in what and not what.startswith("aten::"):
-        return "a custom kernel (neuron_lab.kernels): a fusion boundary by design"
-    return ""
-
-
-def _trigger(what: str) -> str:
-    if what in _SYNC_TRIGGERS:
-        return _SYNC_TRIGGERS[what]
+def _trigger(reason: Reason, what: str) -> str:
+    """A host wait's trigger, in words."""
+    if reason == Reason.HOST_READ:
+        return f"a value read on the host by {what} (.item(), float(), bool(), if/while on a tensor, printing)"
+    if reason in _SYNC_TRIGGERS:
+        return _SYNC_TRIGGERS[reason]
+    if reason == Reason.METADATA_CHANGE:
+        return f"{what}, which changes metadata that queued launches read"
+    if reason in _BY_DESIGN:
+        return f"{what}, {_BY_DESIGN[reason]}"
     return f"{what}, which runs on the host and needs its inputs now"
 
 
@@ -127,7 +132,7 @@ class Explanation:
     @property
     def used_device(self) -> bool:
         """Whether the region launched, recorded, waited for or allocated anything on neuron."""
-        own = [e for e in self.events if not (e.kind == "sync" and e.what in _BOOKKEEPING_SYNCS)]
+        own = [e for e in self.events if not (e.kind == "sync" and e.reason in _BOOKKEEPING_SYNCS)]
         # A region that only freed memory (e.g. IPython dropping an old output) did not use it.
         return bool(self.launches or self.ops_recorded or self.inline_ops or own
                     or self.memory_delta_bytes > 0 or self.peak_bytes > self._start_allocated)
@@ -157,10 +162,10 @@ class Explanation:
         ``detail`` says so."""
         out = []
         for e in self._of("inline_op"):
-            if e.what in _HOST_READS:
+            if e.reason in _HOST_READS:
                 continue
-            if _by_design(e.what):
-                e = dataclasses.replace(e, detail=_by_design(e.what))
+            if e.reason in _BY_DESIGN:
+                e = dataclasses.replace(e, detail=_BY_DESIGN[e.reason])
             out.append(e)
         return out
 
@@ -180,13 +185,14 @@ class Explanation:
         return "neuron: " + " | ".join(parts)
 
     # ---- findings -----------------------------------------------------------------------------
-    def _grouped(self, events: list[Event]) -> list[tuple[str, str, int, float]]:
-        """(what, line, count, seconds) per distinct trigger and line, biggest first."""
-        groups: dict[tuple[str, str], list[Event]] = defaultdict(list)
+    def _grouped(self, events: list[Event]) -> list[tuple[Reason, str, str, int, float]]:
+        """(reason, what, line, count, seconds) per distinct trigger and line, biggest first."""
+        groups: dict[tuple[Reason, str, str], list[Event]] = defaultdict(list)
         for e in events:
-            groups[(e.what, format_source(e.source))].append(e)
-        rows = [(what, line, len(es), sum(x.duration_ns for x in es) / 1e9) for (what, line), es in groups.items()]
-        return sorted(rows, key=lambda r: (-r[3], -r[2]))
+            groups[(e.reason, e.what, format_source(e.source))].append(e)
+        rows = [(reason, what, line, len(es), sum(x.duration_ns for x in es) / 1e9)
+                for (reason, what, line), es in groups.items()]
+        return sorted(rows, key=lambda r: (-r[4], -r[3]))
 
     def advice(self) -> list[str]:
         """What to change, from the findings."""
@@ -194,11 +200,11 @@ class Explanation:
         if self.recompiles:
             out.append("Input shapes, dtypes or integer arguments change between iterations, so graphs are "
                        "rebuilt: keep them fixed (pad or bucket batch sizes, pass changing integers as tensors).")
-        reads = [e for e in self.sync_events if e.what in _HOST_READS]
+        reads = [e for e in self.sync_events if e.reason in _HOST_READS]
         if len(reads) > 1:
             out.append("The host reads device values repeatedly (e.g. loss.item() every step), and every read "
                        "waits for the queued work behind that value: accumulate on the device and read once at the end.")
-        unplanned = [e for e in self.inline_events if not _by_design(e.what)]
+        unplanned = [e for e in self.inline_events if e.reason not in _BY_DESIGN]
         if unplanned:
             ops = sorted({e.what for e in unplanned})
             out.append(f"{', '.join(ops[:4])} ran inline and cut the fused graphs in pieces; see why above.")
@@ -226,12 +232,12 @@ class Explanation:
                 lines.append(f"      cause: {e.detail}")
         if self.sync_events:
             lines.append(f"  host waits ({len(self.sync_events)}, {format_seconds(self.sync_wait_s)}):")
-            for what, line, count, seconds in self._grouped(self.sync_events)[:10]:
-                lines.append(f"    {count} x {_trigger(what)} at {line}: {format_seconds(seconds)}")
+            for reason, what, line, count, seconds in self._grouped(self.sync_events)[:10]:
+                lines.append(f"    {count} x {_trigger(reason, what)} at {line}: {format_seconds(seconds)}")
         if self.inline_events:
             lines.append(f"  ops run inline, not fused ({len(self.inline_events)}):")
             why = {e.what: e.detail for e in self.inline_events}
-            for what, line, count, _ in self._grouped(self.inline_events)[:10]:
+            for _, what, line, count, _ in self._grouped(self.inline_events)[:10]:
                 lines.append(f"    {count} x {what} at {line}: {why[what]}")
         compiles = self._of("compile", "compile_failed", "compiled_fallback")
         if compiles:
@@ -280,12 +286,12 @@ class Explanation:
         out.append(section("New graphs and recompiles", [(e.kind.replace("_", " "), e.what, format_source(e.source),
                                                          e.detail) for e in self.new_graphs],
                            ("kind", "graph", "line", "cause")))
-        out.append(section("Host waits", [(str(n), _trigger(w), line, format_seconds(s))
-                                          for w, line, n, s in self._grouped(self.sync_events)],
+        out.append(section("Host waits", [(str(n), _trigger(r, w), line, format_seconds(s))
+                                          for r, w, line, n, s in self._grouped(self.sync_events)],
                            ("count", "trigger", "line", "waited")))
         why = {e.what: e.detail for e in self.inline_events}
         out.append(section("Ops run inline (not fused)", [(str(n), w, line, why[w])
-                                                         for w, line, n, _ in self._grouped(self.inline_events)],
+                                                         for _, w, line, n, _ in self._grouped(self.inline_events)],
                            ("count", "op", "line", "why")))
         advice = self.advice()
         if advice:
@@ -322,7 +328,7 @@ class explain_scope:
         error: Optional[BaseException] = None
         self._end_ns = now_ns()  # the final wait below is the scope's, not one of the region's syncs
         try:
-            _C.adaptive.synchronize_all("synchronize")  # every core: the region may have used several
+            _C.adaptive.synchronize_all(Reason.SYNCHRONIZE)  # every core: the region may have used several
         except Exception as e:  # an asynchronous error of the region: reported after the numbers
             error = e
         finally:

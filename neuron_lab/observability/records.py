@@ -14,6 +14,7 @@ from neuron_lab.device import _C
 __all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", "format_source"]
 
 _native = _C.trace
+Reason = _native.Reason
 
 
 def now_ns() -> int:
@@ -164,11 +165,12 @@ class Event:
     source: Optional[SourceLine]
     device: int
     graph_id: int
+    reason: Reason = Reason.NONE  # sync and inline_op: why the host waited
 
     @classmethod
     def from_native(cls, d: dict) -> "Event":
         return cls(d["time_ns"], d["duration_ns"], d["kind"], d["what"], d["detail"], _source(d["source"]),
-                   d["device"], d["graph_id"])
+                   d["device"], d["graph_id"], d["reason"])
 
 
 @dataclass(frozen=True)

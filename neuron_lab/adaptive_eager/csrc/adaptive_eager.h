@@ -15,6 +15,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <array>
 #include <functional>
 #include <list>
 #include <map>
@@ -22,6 +23,7 @@
 #include <optional>
 #include <unordered_map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace neuron::lazy {
@@ -70,12 +72,12 @@ struct Counters {
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
       tiled_runs{0}, tiled_ops{0};
+  std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
   std::mutex mutex;
-  std::map<std::string, uint64_t> flushes;  // by reason
-  std::map<std::string, uint64_t> syncs;    // by reason
+  std::map<std::string, uint64_t> syncs;  // by trigger: the op that waited, else the reason's words
   std::map<std::string, uint64_t> inline_by_op;
-  void count_flush(const std::string& reason);
-  void count_sync(const std::string& reason);
+  void count_flush(Reason reason) { flushes[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed); }
+  void count_sync(Reason reason, std::string_view what);
   void reset();
 };
 Counters& counters();
@@ -100,15 +102,15 @@ void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stac
 bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src);
 // Before an op runs inline on the caller's thread: launches what is buffered
 // and waits for every launch that uses the given tensors' memory.
-void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason);
+void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what);
 // Notes a tensor just created by an empty kernel for a structured op's output.
 void note_fresh_output(const at::Tensor& t);
 // True when new tensors should be created pending (lazy modes).
 bool lazy_allocation();
-void note_sync(const char* reason);
+void note_sync(Reason reason, std::string_view what);
 // Launch the ops a stream has buffered, or every buffered op of a device (-1: all).
-void flush_stream_buffer(c10::Stream stream, const char* reason);
-void flush_device_buffers(c10::DeviceIndex device, const char* reason);
+void flush_stream_buffer(c10::Stream stream, Reason reason);
+void flush_device_buffers(c10::DeviceIndex device, Reason reason);
 // Registers the recorder as the device's interceptor (interceptor.h), when the extension
 // loads; false unregisters it, leaving the device alone (a test of the device by itself).
 void install_recorder(bool installed = true);
@@ -225,7 +227,8 @@ struct Graph {
   std::list<std::shared_ptr<Graph>>::iterator lru;  // its place in the cache's recency list
   int64_t n_ops = 0;
   bool from_torch_compile = false;  // every op came from a torch.compile graph (see Policy::compile)
-  std::string first_op, source, flush_reason, note;
+  std::string first_op, source, note;
+  Reason flush_reason = Reason::None;
   std::string cause;                   // why it was built (what differed from the closest cached graph)
   std::atomic<int64_t> hits{0};
   std::atomic<int> state{Cold};
@@ -255,19 +258,19 @@ GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse
 // The cached graph with this key (hit), or a new one, built and explained in the event
 // log; `under_lock` runs with the cache's lock held (which guards the graphs' scalars).
 std::shared_ptr<Graph> find_or_build_graph(GraphKey&& key, const std::vector<Record>& records,
-                                           const std::string& flush_reason, bool& hit,
+                                           Reason flush_reason, bool& hit,
                                            const std::function<void(Graph&, bool built)>& under_lock);
 // A record's inputs as text: "(Float[2, 3], 1, None)".
 std::string shapes_of(const Record& r);
 
 // Turns buffered records into one launch on the stream (flush).
-void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason);
+void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, Reason reason);
 // Raises if the tensor's value was never computed (an op it depends on failed).
 void check_readable(const at::Tensor& t);
 // Clears that mark after an inline write.
 void note_written(const at::Tensor& t);
 // Waits for every launch that touches this storage's memory.
-void wait_for_storage(const c10::Storage& storage, const char* reason);
+void wait_for_storage(const c10::Storage& storage);
 // Structural hash of one record (the first op of a buffer; see the flush policy).
 uint64_t record_hash(const Record& r);
 // The length in ops of the cached graph last used that starts with this record (0: none).

@@ -262,7 +262,7 @@ class GraphCache {
 
   // The cached graph with this key, or a new one built and explained (mutex held).
   std::shared_ptr<Graph> find_or_build(GraphKey&& key, const std::vector<Record>& records,
-                                       const std::string& flush_reason, bool& hit) {
+                                       Reason flush_reason, bool& hit) {
     const uint64_t h = hash_words(key.words.data(), key.words.size());
     auto& bucket = by_key_[h];
     for (const auto& g : bucket) {
@@ -390,13 +390,13 @@ class GraphCache {
                     " there";
         e.source = records[k].source;
       } else if (k == g.op_offsets.size()) {
-        e.detail += "this graph ends (flushed: " + g.flush_reason + ") where graph " + std::to_string(longest->id) +
+        e.detail += "this graph ends (flushed: " + std::string(reason_name(g.flush_reason)) + ") where graph " + std::to_string(longest->id) +
                     " goes on";
       } else {
         e.detail += "it goes on where graph " + std::to_string(longest->id) + " ended";
       }
     } else {
-      e.detail = "the first graph starting with " + g.first_op + " (flushed: " + g.flush_reason + ")";
+      e.detail = "the first graph starting with " + g.first_op + " (flushed: " + std::string(reason_name(g.flush_reason)) + ")";
     }
     return e;
   }
@@ -433,7 +433,7 @@ GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse
 }
 
 std::shared_ptr<Graph> find_or_build_graph(GraphKey&& key, const std::vector<Record>& records,
-                                           const std::string& flush_reason, bool& hit,
+                                           Reason flush_reason, bool& hit,
                                            const std::function<void(Graph&, bool built)>& under_lock) {
   auto& cache = graph_cache();
   std::lock_guard<std::mutex> lock(cache.mutex);
@@ -510,7 +510,7 @@ std::vector<GraphInfo> graph_infos() {
     }
     i.first_op = g->first_op;
     i.source = g->source;
-    i.flush_reason = g->flush_reason;
+    i.flush_reason = reason_name(g->flush_reason);
     i.cause = g->cause;
     out.push_back(std::move(i));
   }

@@ -408,7 +408,7 @@ struct Launch {
         trace::log_event(std::move(e));
       }
     }
-    if (record) record->tier.store(compiled ? 2 : 1);
+    if (record) record->tier.store(compiled ? trace::LaunchTier::Compiled : trace::LaunchTier::Replay);
     if (!compiled) replay();
     const int64_t elapsed = trace::now_ns() - start;
     (compiled ? counters().compiled_launches : counters().replay_launches).fetch_add(1);
@@ -444,7 +444,7 @@ void Graph::note_run(bool compiled, int64_t ns) {
 namespace {
 }  // namespace
 
-void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, const std::string& reason) {
+void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, Reason reason) {
   auto l = std::make_shared<Launch>();
   l->records = std::move(records);
   const auto stream_handle = stream_of(stream);
@@ -616,7 +616,7 @@ void note_written(const at::Tensor& t) {
   if (on_device(t)) unpoison(t.storage().unsafeGetStorageImpl());
 }
 
-void wait_for_storage(const c10::Storage& storage, const char* reason) {
+void wait_for_storage(const c10::Storage& storage) {
   std::vector<Access> pending;
   {
     std::lock_guard<std::mutex> lock(g_access_mutex);
@@ -624,7 +624,7 @@ void wait_for_storage(const c10::Storage& storage, const char* reason) {
     if (it == accesses().end()) return;
     pending = it->second;
   }
-  for (const auto& a : pending) wait_for(*a.stream, a.seq, reason);
+  for (const auto& a : pending) wait_for(*a.stream, a.seq);
 }
 
 }  // namespace neuron::lazy

@@ -246,7 +246,11 @@ void register_bindings(py::module& m) {
     d["tiled_runs"] = c.tiled_runs.load();
     d["tiled_ops"] = c.tiled_ops.load();
     std::lock_guard<std::mutex> lock(c.mutex);
-    d["flushes"] = c.flushes;
+    std::map<std::string, uint64_t> flushes;
+    for (int r = 0; r < kReasons; ++r) {
+      if (const auto n = c.flushes[static_cast<size_t>(r)].load()) flushes[reason_name(static_cast<Reason>(r))] = n;
+    }
+    d["flushes"] = flushes;
     d["syncs"] = c.syncs;
     d["inline_by_op"] = c.inline_by_op;
     return d;
@@ -362,15 +366,18 @@ void register_bindings(py::module& m) {
         "Marks the ops this thread records as a torch.compile graph's; returns the previous value.");
   m.def(
       "flush",
-      [](int device, const std::string& reason) {
+      [](int device, Reason reason) {
         py::gil_scoped_release no_gil;
-        flush_device_buffers(static_cast<c10::DeviceIndex>(device), reason.c_str());
+        flush_device_buffers(static_cast<c10::DeviceIndex>(device), reason);
       },
-      py::arg("device"), py::arg("reason") = "explicit flush");
-  m.def("synchronize_all", [](const std::string& reason) {
-    py::gil_scoped_release no_gil;
-    neuron::synchronize_all(reason.c_str());
-  });
+      py::arg("device"), py::arg("reason") = Reason::ExplicitFlush);
+  m.def(
+      "synchronize_all",
+      [](Reason reason) {
+        py::gil_scoped_release no_gil;
+        neuron::synchronize_all(reason);
+      },
+      py::arg("reason") = Reason::Synchronize);
   m.def("in_bad_fork", []() { return neuron::in_bad_fork(); });
   m.def("queue_depth", [](int device, int64_t stream_id) {
     auto& s = neuron::stream_state(

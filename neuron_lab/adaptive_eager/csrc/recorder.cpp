@@ -52,7 +52,7 @@ std::atomic<int> g_mode{static_cast<int>(Mode::Adaptive)};
 Mode mode() { return static_cast<Mode>(g_mode.load(std::memory_order_relaxed)); }
 
 void set_mode(Mode m) {
-  synchronize_all("mode change");
+  synchronize_all(Reason::ModeChange);
   g_mode = static_cast<int>(m);
 }
 
@@ -70,14 +70,9 @@ Counters& counters() {
   return *c;
 }
 
-void Counters::count_flush(const std::string& reason) {
+void Counters::count_sync(Reason reason, std::string_view what) {
   std::lock_guard<std::mutex> lock(mutex);
-  flushes[reason] += 1;
-}
-
-void Counters::count_sync(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mutex);
-  syncs[reason] += 1;
+  syncs[what.empty() ? std::string(reason_name(reason)) : std::string(what)] += 1;
 }
 
 void Counters::reset() {
@@ -87,8 +82,8 @@ void Counters::reset() {
                   &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops}) {
     c->store(0);
   }
+  for (auto& c : flushes) c.store(0);
   std::lock_guard<std::mutex> lock(mutex);
-  flushes.clear();
   syncs.clear();
   inline_by_op.clear();
 }
@@ -575,14 +570,14 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 }
 
 // Called with the buffer locked.
-void flush_locked(Buffer& b, StreamState& s, const std::string& reason) {
+void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   if (b.records.empty()) return;
   std::vector<Record> records;
   records.swap(b.records);
   b.bytes = 0;
   b.first_checked = false;
   counters().count_flush(reason);
-  const bool use_cache = mode() == Mode::Adaptive && reason != "eager";
+  const bool use_cache = mode() == Mode::Adaptive && reason != Reason::Eager;
   const int64_t start = trace::now_ns();
   launch(std::move(records), s, use_cache, reason);
   trace::add_record_time(trace::now_ns() - start);
@@ -599,14 +594,14 @@ bool follows_cached_graph(Buffer& b) {
 
 }  // namespace
 
-void flush_stream_buffer(c10::Stream stream, const char* reason) {
+void flush_stream_buffer(c10::Stream stream, Reason reason) {
   auto& s = stream_state(stream);
   auto& b = buffer_of(s);
   auto lock = lock_buffer(b);
   flush_locked(b, s, reason);
 }
 
-void flush_device_buffers(c10::DeviceIndex device, const char* reason) {
+void flush_device_buffers(c10::DeviceIndex device, Reason reason) {
   std::vector<std::pair<StreamState*, Buffer*>> all;
   {
     std::lock_guard<std::mutex> lock(g_buffers_mutex);
@@ -802,11 +797,11 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto me = std::this_thread::get_id();
   const int graph_task = torch::autograd::get_current_graph_task_id();
   if (!b.records.empty() && b.owner != me) {
-    flush_locked(b, s, "thread switch");
+    flush_locked(b, s, Reason::ThreadSwitch);
   } else if (!b.records.empty() && graph_task != -1 && b.graph_task != graph_task) {
     // A backward pass starts: the forward runs while the host records the backward,
     // whose graph goes on with the optimizer's ops.
-    flush_locked(b, s, "backward start");
+    flush_locked(b, s, Reason::BackwardStart);
   }
   b.owner = me;
   b.graph_task = graph_task;
@@ -815,9 +810,9 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   b.records.push_back(std::move(r));
   const bool per_op = mode() == Mode::Eager || at::globalContext().deterministicAlgorithms();
   if (per_op) {
-    flush_locked(b, s, "eager");
+    flush_locked(b, s, Reason::Eager);
   } else if (static_cast<int64_t>(b.records.size()) >= policy().max_ops.load()) {
-    flush_locked(b, s, "op limit");
+    flush_locked(b, s, Reason::OpLimit);
   } else if (!tl_in_torch_compile_graph) {
     // A buffer that starts like a cached graph follows it: held to that graph's length
     // whatever the device does meanwhile, and launched there when the graph is long
@@ -829,10 +824,10 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const int64_t enough_ops = policy().idle_flush_ops.load();
     const bool follows = follows_cached_graph(b);
     if (follows && n == b.follow_ops && n >= enough_ops) {
-      flush_locked(b, s, "cached graph's end");
+      flush_locked(b, s, Reason::CachedGraphEnd);
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
                (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
-      flush_locked(b, s, "device idle");
+      flush_locked(b, s, Reason::DeviceIdle);
     }
   }
   return true;
@@ -916,14 +911,15 @@ bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) {
   return try_record(copy, &stack);
 }
 
-void note_sync(const char* reason) { counters().count_sync(reason); }
+void note_sync(Reason reason, std::string_view what) { counters().count_sync(reason, what); }
 
-void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& reason) {
+void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) {
+  const std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
   auto& c = counters();
   c.inline_ops.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(c.mutex);
-    c.inline_by_op[reason] += 1;
+    c.inline_by_op[trigger] += 1;
   }
   // Blocking mode, or a kernel on a device thread: nothing is queued behind this work.
   if (mode() == Mode::Blocking || on_device_thread()) {
@@ -936,26 +932,29 @@ void prepare_inline(const std::vector<at::Tensor>& tensors, const std::string& r
   for (const auto& t : tensors) {
     if (t.defined() && t.device().type() == kNeuron) device = t.device().index();
   }
-  trace::SyncScope scope(reason.c_str(), device);
+  trace::SyncScope scope(reason, trigger, device);
   {
     trace::Event e;
     e.time_ns = trace::now_ns();
     e.kind = "inline_op";
-    e.what = reason;
+    e.reason = reason;
+    e.what = trigger;
     e.detail = tl_inline_why_string != nullptr ? *tl_inline_why_string
                : tl_inline_why != nullptr      ? tl_inline_why
-                                               : "a native kernel that needs its inputs' values now";
+               : reason == Reason::MetadataChange
+                   ? "it changes metadata (sizes, strides, storage) that queued launches read when they run"
+                   : "a native kernel that needs its inputs' values now";
     e.source = trace::capture();
     e.device = device;
     tl_inline_why = nullptr;
     tl_inline_why_string = nullptr;
     trace::log_event(std::move(e));
   }
-  counters().count_sync(reason);
-  flush_device_buffers(-1, "inline op");
+  counters().count_sync(reason, trigger);
+  flush_device_buffers(-1, reason);
   for (const auto& t : tensors) {
     if (!t.defined() || t.device().type() != kNeuron) continue;
-    wait_for_storage(t.storage(), reason.c_str());
+    wait_for_storage(t.storage());
     materialize(t.storage());
   }
 }
@@ -974,8 +973,8 @@ class Recorder final : public OpInterceptor {
   bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) override {
     return lazy::try_copy_from_host(dst, src);
   }
-  void before_host_access(const std::vector<at::Tensor>& tensors, const std::string& reason) override {
-    prepare_inline(tensors, reason);
+  void before_host_access(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) override {
+    prepare_inline(tensors, reason, what);
   }
   void check_readable(const at::Tensor& t) override { lazy::check_readable(t); }
   void note_written(const at::Tensor& t) override { lazy::note_written(t); }
@@ -984,16 +983,16 @@ class Recorder final : public OpInterceptor {
   }
   bool defers_allocation() const override { return lazy_allocation(); }
   void note_fresh_output(const at::Tensor& t) override { lazy::note_fresh_output(t); }
-  void flush_stream(c10::Stream stream, const char* reason) override { flush_stream_buffer(stream, reason); }
-  void flush_device(c10::DeviceIndex device, const char* reason) override { flush_device_buffers(device, reason); }
-  void note_sync(const char* reason) override { lazy::note_sync(reason); }
+  void flush_stream(c10::Stream stream, Reason reason) override { flush_stream_buffer(stream, reason); }
+  void flush_device(c10::DeviceIndex device, Reason reason) override { flush_device_buffers(device, reason); }
+  void note_sync(Reason reason, std::string_view what) override { lazy::note_sync(reason, what); }
 };
 
 }  // namespace
 
 void install_recorder(bool installed) {
   static auto* recorder = new Recorder();
-  flush_device_buffers(-1, "mode change");  // nothing stays buffered behind the switch
+  flush_device_buffers(-1, Reason::ModeChange);  // nothing stays buffered behind the switch
   set_interceptor(installed ? recorder : nullptr);
 }
 

@@ -153,7 +153,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     // Statistics describe executed work: pending launches finish first.
     if (!on_device_thread()) {
-      synchronize_device(device, "memory statistics");
+      synchronize_device(device, Reason::MemoryStatistics);
       materialize_all_pending(device);
     }
     auto& core = core_for(device);
@@ -469,7 +469,7 @@ void record_memory_history(bool enabled, bool trace, bool stacks, size_t max_ent
 MemorySnapshot memory_snapshot() {
   // A snapshot describes executed work and the memory the program holds.
   if (!on_device_thread()) {
-    synchronize_all("memory snapshot");
+    synchronize_all(Reason::MemorySnapshot);
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) materialize_all_pending(d);
   }
   return g_allocator->snapshot();

@@ -128,14 +128,15 @@ py::dict snapshot_to_dict(const neuron::MemorySnapshot& snap) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
-  for (const auto& sub : neuron::submodules()) {
-    auto module = m.def_submodule(sub.name, sub.doc);
-    sub.bind(module);
-  }
+  // The device's own submodules first: the layers above use their types (trace.Reason).
   auto trace = m.def_submodule("trace", "Launch records and the event log (neuron_lab.observability).");
   neuron::register_trace_bindings(trace);
   auto kernels = m.def_submodule("kernels", "Host kernels over device memory (neuron_lab.kernels, torch.compile).");
   neuron::register_kernel_bindings(kernels);
+  for (const auto& sub : neuron::submodules()) {
+    auto module = m.def_submodule(sub.name, sub.doc);
+    sub.bind(module);
+  }
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
         "Sets the number of emulated cores and the memory capacity of each.");
   m.def("device_count", []() { return static_cast<int>(neuron::device_count()); });

@@ -105,7 +105,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
   bool queryStream(const c10::Stream& stream) const override {
-    interceptor().flush_stream(stream, "stream query");
+    interceptor().flush_stream(stream, Reason::StreamQuery);
     return stream_idle(stream_state(stream));
   }
   void synchronizeStream(const c10::Stream& stream) const override { synchronize_stream(stream); }
@@ -124,7 +124,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       *event = ev;
     }
     // The event covers every op recorded on the stream so far.
-    interceptor().flush_stream(stream, "event record");
+    interceptor().flush_stream(stream, Reason::EventRecord);
     auto& s = stream_state(stream);
     auto mark = std::make_shared<Event::Mark>();
     Work marker;
@@ -147,7 +147,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (&waiting == ev->stream) return;  // a stream is ordered with itself
     if (ev->completed()) return;         // nothing left to wait for
     // Ops recorded on the waiting stream before the wait may run before it.
-    interceptor().flush_stream(stream, "stream wait");
+    interceptor().flush_stream(stream, Reason::StreamWait);
     Work wait;
     wait.skippable = false;
     wait.busy = false;
@@ -155,7 +155,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (torch_profiler_active()) wait.name = "neuron: stream wait";
     StreamState* source = ev->stream;
     const uint64_t seq = ev->seq;
-    wait.run = [source, seq] { wait_for(*source, seq, "stream wait"); };
+    wait.run = [source, seq] { wait_for(*source, seq); };
     enqueue(waiting, std::move(wait));
   }
 
@@ -167,8 +167,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeEvent(void* event) const override {
     auto* ev = static_cast<Event*>(event);
     if (ev == nullptr || !ev->recorded()) return;
-    trace::SyncScope scope("event synchronize", ev->device);
-    wait_for(*ev->stream, ev->seq, "event synchronize");
+    trace::SyncScope scope(Reason::EventSynchronize, {}, ev->device);
+    wait_for(*ev->stream, ev->seq);
   }
 
   void destroyEvent(void* event, c10::DeviceIndex /*device_index*/) const noexcept override {
@@ -185,8 +185,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "neuron: both events must be created with enable_timing=True to measure "
                 "elapsed time, e.g. torch.neuron.Event(enable_timing=True)");
     // Both events must have been reached by the device (CUDA raises instead).
-    wait_for(*a->stream, a->seq, "event elapsed_time");
-    wait_for(*b->stream, b->seq, "event elapsed_time");
+    wait_for(*a->stream, a->seq);
+    wait_for(*b->stream, b->seq);
     return static_cast<double>(b->mark->time_ns - a->mark->time_ns) / 1e6;
   }
 

@@ -170,7 +170,7 @@ void execute(StreamState* s, Work& work, bool skip) {
   }
   if (work.record) {
     work.record->end_ns.store(end);
-    work.record->status.store(skip ? 3 : failure != nullptr ? 2 : 1);
+    work.record->status.store(skip ? trace::LaunchStatus::Skipped : failure != nullptr ? trace::LaunchStatus::Failed : trace::LaunchStatus::Done);
   }
   // Drop the launch (and the tensors it holds) before it counts as done, so
   // that memory statistics read after a wait include its frees.
@@ -313,7 +313,7 @@ c10::Stream exchange_stream(c10::Stream stream) {
   stream_state(stream);  // validates
   const auto index = stream.device_index();
   auto previous = current_stream(index);
-  if (previous != stream) interceptor().flush_stream(previous, "stream switch");
+  if (previous != stream) interceptor().flush_stream(previous, Reason::StreamSwitch);
   tl_stream[index] = stream.id();
   return previous;
 }
@@ -341,7 +341,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       work.run();
       if (work.record) {
         work.record->end_ns.store(trace::now_ns());
-        work.record->status.store(1);
+        work.record->status.store(trace::LaunchStatus::Done);
       }
       s.enqueued.fetch_add(1);
       return s.completed.fetch_add(1) + 1;
@@ -360,7 +360,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   return seq;
 }
 
-void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
+void wait_for(StreamState& s, uint64_t seq) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
@@ -391,18 +391,18 @@ void wait_for(StreamState& s, uint64_t seq, const char* /*reason*/) {
   std::rethrow_exception(error);
 }
 
-void synchronize_stream(c10::Stream stream, const char* reason) {
-  trace::SyncScope scope(reason, stream.device_index());
-  interceptor().note_sync(reason);
+void synchronize_stream(c10::Stream stream, Reason reason) {
+  trace::SyncScope scope(reason, {}, stream.device_index());
+  interceptor().note_sync(reason, {});
   interceptor().flush_stream(stream, reason);
   auto& s = stream_state(stream);
-  wait_for(s, stream_enqueued(s), reason);
+  wait_for(s, stream_enqueued(s));
 }
 
-void synchronize_device(c10::DeviceIndex index, const char* reason) {
+void synchronize_device(c10::DeviceIndex index, Reason reason, std::string_view what) {
   index = resolve_device(index);
-  trace::SyncScope scope(reason, index);
-  interceptor().note_sync(reason);
+  trace::SyncScope scope(reason, what, index);
+  interceptor().note_sync(reason, what);
   interceptor().flush_device(index, reason);
   // Every stream is waited for before the first error is raised: a
   // synchronize leaves the device idle either way.
@@ -410,7 +410,7 @@ void synchronize_device(c10::DeviceIndex index, const char* reason) {
   for (int64_t id = 0; id < num_streams(index); ++id) {
     auto& s = stream_state(make_stream(index, static_cast<c10::StreamId>(id)));
     try {
-      wait_for(s, stream_enqueued(s), reason);
+      wait_for(s, stream_enqueued(s));
     } catch (...) {
       if (first == nullptr) first = std::current_exception();
     }
@@ -418,8 +418,8 @@ void synchronize_device(c10::DeviceIndex index, const char* reason) {
   if (first != nullptr) std::rethrow_exception(first);
 }
 
-void synchronize_all(const char* reason) {
-  trace::SyncScope scope(reason, -1);
+void synchronize_all(Reason reason) {
+  trace::SyncScope scope(reason, {}, -1);
   std::exception_ptr first;
   for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
     try {
@@ -435,7 +435,7 @@ void synchronize_all(const char* reason) {
 // is idle: with launches queued, a count taken as done would let a waiter take
 // an unfinished queued launch for done (completions are counts, not ids).
 LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced) : device_(device) {
-  if (!synced) synchronize_device(device, name);
+  if (!synced) synchronize_device(device, Reason::InlineOp, name);
   stream_ = &stream_state(current_stream(device));
   {
     std::lock_guard<std::mutex> lock(stream_->mutex);
@@ -456,7 +456,7 @@ LaunchScope::~LaunchScope() {
   trace::note_launch_time(trace::LaunchKind::Inline, end - start_ns_);
   if (record_) {
     record_->end_ns.store(end);
-    record_->status.store(std::uncaught_exceptions() > 0 ? 2 : 1);
+    record_->status.store(std::uncaught_exceptions() > 0 ? trace::LaunchStatus::Failed : trace::LaunchStatus::Done);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace neuron {
@@ -244,6 +245,17 @@ bool is_optional_generator(const c10::Argument& arg) {
 
 bool is_write(const c10::Argument& arg) { return arg.alias_info() != nullptr && arg.alias_info()->isWrite(); }
 
+// An op whose results are all host values (item(), equal, is_nonzero) reads device
+// values on the host; any other op run here needs its inputs now to compute on the host.
+Reason access_reason(const c10::FunctionSchema& schema) {
+  const auto& returns = schema.returns();
+  const bool host_values_only = !returns.empty() && std::none_of(returns.begin(), returns.end(), [](const auto& r) {
+    const auto kind = r.type()->kind();
+    return kind == c10::TypeKind::TensorType || kind == c10::TypeKind::ListType || kind == c10::TypeKind::OptionalType;
+  });
+  return host_values_only ? Reason::HostRead : Reason::InlineOp;
+}
+
 }  // namespace
 
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -277,7 +289,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       if (is_write(args[i])) written.insert(written.end(), touched.begin() + first, touched.end());
     }
-    interceptor().before_host_access(touched, schema.operator_name().name);
+    interceptor().before_host_access(touched, access_reason(schema), schema.operator_name().name);
     for (size_t i = 0; i < touched.size(); ++i) {
       // Inputs must hold computed values; what the op writes is overwritten.
       if (std::find_if(written.begin(), written.end(), [&](const at::Tensor& t) {
@@ -333,7 +345,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       draws = true;
     }
   }
-  if (draws && !on_device_thread()) synchronize_device(device, "random op");
+  if (draws && !on_device_thread()) synchronize_device(device, Reason::RandomOp, schema.operator_name().name);
 
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));

@@ -59,7 +59,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   }
 
   static void settle() {
-    if (!on_device_thread() && !in_bad_fork()) synchronize_all("random state");
+    if (!on_device_thread() && !in_bad_fork()) synchronize_all(Reason::RandomState);
   }
 
   at::Generator host_;

@@ -13,7 +13,10 @@
 #include <ATen/core/stack.h>
 #include <c10/core/Stream.h>
 
+#include "reason.h"
+
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace neuron {
@@ -34,7 +37,8 @@ class OpInterceptor {
   // Before the calling thread touches these tensors' memory (an op run inline, a host
   // read or write, a metadata change): whatever they depend on is launched and waited
   // for, and pending memory is given device memory. The default only does the last.
-  virtual void before_host_access(const std::vector<at::Tensor>& tensors, const std::string& reason);
+  // `what` names the op or kernel, if any.
+  virtual void before_host_access(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what);
   // Raises if a tensor's value was never computed (a launch that should have written it
   // failed). The default has nothing to check.
   virtual void check_readable(const at::Tensor& t) {}
@@ -51,10 +55,10 @@ class OpInterceptor {
 
   // Launch what is buffered on a stream, or on every stream of a device (-1: all
   // devices), before the device waits for or orders that stream.
-  virtual void flush_stream(c10::Stream stream, const char* reason) {}
-  virtual void flush_device(c10::DeviceIndex device, const char* reason) {}
+  virtual void flush_stream(c10::Stream stream, Reason reason) {}
+  virtual void flush_device(c10::DeviceIndex device, Reason reason) {}
   // The host is about to wait for a stream or a device (for the runtime's counters).
-  virtual void note_sync(const char* reason) {}
+  virtual void note_sync(Reason reason, std::string_view what) {}
 };
 
 // The registered runtime's interceptor, or the device's own (run everything at once).

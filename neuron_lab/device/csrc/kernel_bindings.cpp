@@ -49,16 +49,17 @@ class InlineLaunch {
 void register_kernel_bindings(py::module& m) {
   m.def(
       "prepare_host_access",
-      [](const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes, const std::string& reason) {
+      [](const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes, const std::string& what,
+         Reason reason) {
         std::vector<at::Tensor> all(reads);
         all.insert(all.end(), writes.begin(), writes.end());
         {
           py::gil_scoped_release no_gil;
-          interceptor().before_host_access(all, reason);
+          interceptor().before_host_access(all, reason, what);
         }
         for (const auto& t : reads) interceptor().check_readable(t);
       },
-      py::arg("reads"), py::arg("writes"), py::arg("reason"),
+      py::arg("reads"), py::arg("writes"), py::arg("what"), py::arg("reason") = Reason::CustomKernel,
       "Launches what is buffered and waits for every launch using these tensors; "
       "raises if a read tensor was never computed.");
   m.def(

@@ -120,8 +120,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   }
   // Host memory is involved: the copy happens now, after the launches that use
   // the device memory (a read of results from the host waits for them).
-  interceptor().before_host_access({self, dst}, dst_on_device ? (src_on_device ? "copy between cores" : "copy from host")
-                                          : "copy to host");
+  interceptor().before_host_access(
+      {self, dst},
+      dst_on_device ? (src_on_device ? Reason::CopyBetweenCores : Reason::CopyFromHost) : Reason::CopyToHost, {});
   interceptor().check_readable(self);
   {
     LaunchScope launch(device, "copy_", /*synced=*/true);
@@ -211,12 +212,14 @@ void sync_then_change_metadata(const c10::OperatorHandle& op, torch::jit::Stack*
   for (size_t i = stack->size() - n; i < stack->size(); ++i) {
     if ((*stack)[i].isTensor()) tensors.push_back((*stack)[i].toTensor());
   }
-  if (interceptor().active()) interceptor().before_host_access(tensors, op.schema().operator_name().name);
+  if (interceptor().active()) {
+    interceptor().before_host_access(tensors, Reason::MetadataChange, op.schema().operator_name().name);
+  }
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
 void sync_before_metadata_change(const at::Tensor& self, const char* what) {
-  if (interceptor().active()) interceptor().before_host_access({self}, what);
+  if (interceptor().active()) interceptor().before_host_access({self}, Reason::MetadataChange, what);
 }
 
 const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
@@ -379,7 +382,7 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   // The old bytes are read now: launches that write them finish first.
   auto holder = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage), kNeuronKeys,
                                                         caffe2::TypeMeta::Make<uint8_t>());
-  interceptor().before_host_access({holder}, "resize");
+  interceptor().before_host_access({holder}, Reason::MetadataChange, "resize");
   const auto device = storage.device().index();
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   c10::DataPtr fresh = allocator()->allocate(new_size);

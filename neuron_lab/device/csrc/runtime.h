@@ -92,10 +92,12 @@ bool torch_profiler_active();
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle = false);
 // Waits (releasing the GIL) until the stream has executed launch `seq`, then
 // raises the stream's pending error, if any, naming the launch that failed.
-void wait_for(StreamState& s, uint64_t seq, const char* reason);
-void synchronize_stream(c10::Stream stream, const char* reason = "synchronize");
-void synchronize_device(c10::DeviceIndex index, const char* reason = "synchronize");
-void synchronize_all(const char* reason);
+void wait_for(StreamState& s, uint64_t seq);
+// The host waits for a stream, a device or every device, for `reason` (`what`: the op
+// or kernel that needs it, if any); the wait is logged and the runtime flushes first.
+void synchronize_stream(c10::Stream stream, Reason reason = Reason::Synchronize);
+void synchronize_device(c10::DeviceIndex index, Reason reason = Reason::Synchronize, std::string_view what = {});
+void synchronize_all(Reason reason);
 // True on a stream's device thread (work must not be recorded from there).
 bool on_device_thread();
 // Raises a clear error in a child process forked after the runtime started.

@@ -125,9 +125,10 @@ std::vector<Event> events_since(int64_t since_ns) {
   return out;
 }
 
-SyncScope::SyncScope(const char* reason, int device)
+SyncScope::SyncScope(Reason reason, std::string_view what, int device)
     : outermost_(tl_sync_depth++ == 0), reason_(reason), device_(device) {
   if (!outermost_) return;
+  what_ = what.empty() ? reason_name(reason) : std::string(what);
   start_ = now_ns();
   source_ = capture();
 }
@@ -139,11 +140,31 @@ SyncScope::~SyncScope() {
   e.time_ns = start_;
   e.duration_ns = now_ns() - start_;
   e.kind = "sync";
-  e.what = reason_;
+  e.reason = reason_;
+  e.what = std::move(what_);
   e.source = source_;
   e.device = device_;
   add_wait_time(e.duration_ns);
   log_event(std::move(e));
+}
+
+const char* tier_name(LaunchTier tier) {
+  switch (tier) {
+    case LaunchTier::Replay: return "replay";
+    case LaunchTier::Compiled: return "compiled";
+    case LaunchTier::None: break;
+  }
+  return "";
+}
+
+const char* status_name(LaunchStatus status) {
+  switch (status) {
+    case LaunchStatus::Queued: return "queued";
+    case LaunchStatus::Done: return "done";
+    case LaunchStatus::Failed: return "failed";
+    case LaunchStatus::Skipped: return "skipped";
+  }
+  return "?";
 }
 
 bool profiling() noexcept { return g_active_profiles.load(std::memory_order_relaxed) > 0; }

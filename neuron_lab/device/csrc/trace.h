@@ -12,7 +12,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "reason.h"
 
 namespace neuron::trace {
 
@@ -61,7 +64,8 @@ struct Event {
   int64_t time_ns = 0;      // when it began
   int64_t duration_ns = 0;  // host time it took (waits, compiles)
   std::string kind;         // sync, new_graph, recompile, inline_op, compile, compile_failed, compiled_fallback
-  std::string what;         // the trigger, op or graph
+  Reason reason = Reason::None;  // sync and inline_op: why the host waited
+  std::string what;         // the trigger's op or kernel, else the reason's name; the graph
   std::string detail;       // the cause, in words
   Source source;
   int device = -1;
@@ -72,10 +76,10 @@ void log_event(Event e);
 std::vector<Event> events_since(int64_t since_ns);
 
 // A host wait for the device: the outermost one on a thread is logged as a
-// `sync` event with its trigger, source line and duration.
+// `sync` event with its reason, op (`what`, if any), source line and duration.
 class SyncScope {
  public:
-  SyncScope(const char* reason, int device);
+  SyncScope(Reason reason, std::string_view what, int device);
   ~SyncScope();
   SyncScope(const SyncScope&) = delete;
   SyncScope& operator=(const SyncScope&) = delete;
@@ -83,12 +87,18 @@ class SyncScope {
  private:
   bool outermost_;
   int64_t start_ = 0;
-  const char* reason_;
+  Reason reason_;
+  std::string what_;
   int device_;
   Source source_;
 };
 
 // ---- launch records (only while profiling) ----------------------------------------
+// How a graph launch ran, and what became of a launch.
+enum class LaunchTier : int { None = 0, Replay = 1, Compiled = 2 };
+enum class LaunchStatus : int { Queued = 0, Done = 1, Failed = 2, Skipped = 3 };
+const char* tier_name(LaunchTier tier);
+const char* status_name(LaunchStatus status);
 struct OpRecord {
   std::string name, inputs;
   Source source;
@@ -105,8 +115,8 @@ struct LaunchRecord {
   std::atomic<int64_t> start_ns{0}, end_ns{0};
   int64_t n_ops = 1;
   int64_t graph_id = -1;
-  std::atomic<int> tier{0};    // 0: none, 1: replay, 2: compiled
-  std::atomic<int> status{0};  // 0: queued, 1: done, 2: failed, 3: skipped
+  std::atomic<LaunchTier> tier{LaunchTier::None};
+  std::atomic<LaunchStatus> status{LaunchStatus::Queued};
   int64_t bytes_allocated = 0;
   Source source;
   std::vector<OpRecord> ops;

@@ -17,8 +17,6 @@ py::object source_tuple(trace::Source s) {
 }
 
 py::dict launch_dict(const trace::LaunchRecord& r) {
-  static const char* tiers[] = {"", "replay", "compiled"};
-  static const char* statuses[] = {"queued", "done", "failed", "skipped"};
   py::dict d;
   d["id"] = r.id;
   d["kind"] = r.kind;
@@ -30,8 +28,8 @@ py::dict launch_dict(const trace::LaunchRecord& r) {
   d["end_ns"] = r.end_ns.load();
   d["n_ops"] = r.n_ops;
   d["graph_id"] = r.graph_id;
-  d["tier"] = tiers[r.tier.load()];
-  d["status"] = statuses[r.status.load()];
+  d["tier"] = trace::tier_name(r.tier.load());
+  d["status"] = trace::status_name(r.status.load());
   d["bytes_allocated"] = r.bytes_allocated;
   d["source"] = source_tuple(r.source);
   py::list ops;
@@ -53,6 +51,7 @@ py::dict event_dict(const trace::Event& e) {
   d["time_ns"] = e.time_ns;
   d["duration_ns"] = e.duration_ns;
   d["kind"] = e.kind;
+  d["reason"] = e.reason;
   d["what"] = e.what;
   d["detail"] = e.detail;
   d["source"] = source_tuple(e.source);
@@ -64,6 +63,39 @@ py::dict event_dict(const trace::Event& e) {
 }  // namespace
 
 void register_trace_bindings(py::module& m) {
+  // Why the host waited or a buffer was launched; str(reason) is its words ("copy to host").
+  py::enum_<Reason> reason(m, "Reason", "Why the host waits for the device or the runtime launches its buffer.");
+  reason.value("NONE", Reason::None);
+  reason.value("HOST_READ", Reason::HostRead);
+  reason.value("COPY_TO_HOST", Reason::CopyToHost);
+  reason.value("COPY_FROM_HOST", Reason::CopyFromHost);
+  reason.value("COPY_BETWEEN_CORES", Reason::CopyBetweenCores);
+  reason.value("INLINE_OP", Reason::InlineOp);
+  reason.value("METADATA_CHANGE", Reason::MetadataChange);
+  reason.value("CUSTOM_KERNEL", Reason::CustomKernel);
+  reason.value("COMPILED_GRAPH", Reason::CompiledGraph);
+  reason.value("SYNCHRONIZE", Reason::Synchronize);
+  reason.value("EVENT_SYNCHRONIZE", Reason::EventSynchronize);
+  reason.value("EVENT_RECORD", Reason::EventRecord);
+  reason.value("STREAM_QUERY", Reason::StreamQuery);
+  reason.value("STREAM_WAIT", Reason::StreamWait);
+  reason.value("STREAM_SWITCH", Reason::StreamSwitch);
+  reason.value("MEMORY_STATISTICS", Reason::MemoryStatistics);
+  reason.value("MEMORY_SNAPSHOT", Reason::MemorySnapshot);
+  reason.value("RANDOM_STATE", Reason::RandomState);
+  reason.value("RANDOM_OP", Reason::RandomOp);
+  reason.value("MODE_CHANGE", Reason::ModeChange);
+  reason.value("EXIT", Reason::Exit);
+  reason.value("EXPLICIT_FLUSH", Reason::ExplicitFlush);
+  reason.value("EAGER", Reason::Eager);
+  reason.value("OP_LIMIT", Reason::OpLimit);
+  reason.value("THREAD_SWITCH", Reason::ThreadSwitch);
+  reason.value("BACKWARD_START", Reason::BackwardStart);
+  reason.value("CACHED_GRAPH_END", Reason::CachedGraphEnd);
+  reason.value("DEVICE_IDLE", Reason::DeviceIdle);
+  reason.value("COMPILED_GRAPH_END", Reason::CompiledGraphEnd);
+  reason.def_property_readonly("words", [](Reason r) { return reason_name(r); },
+                               "The reason in words, as counters and explanations show it.");
   m.def("now_ns", &trace::now_ns, "The runtime's clock (time.monotonic_ns()).");
   m.def(
       "set_library_prefixes", [](std::vector<std::string> prefixes) { trace::set_library_prefixes(std::move(prefixes)); },
@@ -100,11 +132,12 @@ void register_trace_bindings(py::module& m) {
   m.def(
       "log_event",
       [](std::string kind, std::string what, std::string detail, int64_t duration_ns, int64_t graph_id,
-         int device) {
+         int device, Reason reason) {
         trace::Event e;
         e.duration_ns = duration_ns;
         e.time_ns = trace::now_ns() - duration_ns;
         e.kind = std::move(kind);
+        e.reason = reason;
         e.what = std::move(what);
         e.detail = std::move(detail);
         e.source = trace::capture();
@@ -113,7 +146,7 @@ void register_trace_bindings(py::module& m) {
         trace::log_event(std::move(e));
       },
       py::arg("kind"), py::arg("what"), py::arg("detail"), py::arg("duration_ns") = 0, py::arg("graph_id") = -1,
-      py::arg("device") = -1,
+      py::arg("device") = -1, py::arg("reason") = Reason::None,
       "Logs an event (e.g. a torch.compile graph build) at the caller's user line; it began duration_ns ago.");
   m.def("totals", []() {
     const auto t = trace::totals();
