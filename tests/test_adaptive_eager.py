@@ -980,3 +980,21 @@ def test_tiled_replay_of_elementwise_runs_gives_eager_bits(threads: int, n: int)
         assert counters["tiled_ops"] == 0, counters
     else:
         assert counters["tiled_runs"] >= 1 and counters["tiled_ops"] >= 20, counters
+
+
+def test_clearing_the_graph_cache_forgets_finished_launches_but_not_poison() -> None:
+    native = neuron_lab.device._C.adaptive
+    x = torch.randn(64, device="neuron")
+    kept = [(x * i).sin() for i in range(50)]  # 50 results, each used by a launch
+    torch.neuron.synchronize()
+    assert native.tracked_storages()[0] >= 1
+    bad = torch.tensor([0, 700], device="neuron")
+    never_computed = x[bad] + 1  # index out of range: raised at the next wait
+    with pytest.raises(IndexError):
+        torch.neuron.synchronize()
+    ae.clear_graph_cache()
+    accesses, poisoned = native.tracked_storages()
+    assert accesses == 0 and poisoned >= 1  # every launch finished; the unread result stays marked
+    with pytest.raises(RuntimeError, match="never computed"):
+        never_computed.cpu()
+    assert torch.equal(kept[3].cpu(), (x.cpu() * 3).sin())  # what was computed is intact

@@ -13,6 +13,7 @@
 // start with the same op. Both look-ups are indexed, so building a graph costs the same
 // however many graphs are cached.
 #include "adaptive_eager.h"
+#include "storage_state.h"
 
 #include <c10/util/Exception.h>
 
@@ -518,6 +519,35 @@ std::vector<GraphInfo> graph_infos() {
   return out;
 }
 
-void clear_graph_cache() { graph_cache().clear(); }
+// A launch of the graph ran: its tier keeps the faster code.
+void Graph::note_run(bool compiled, int64_t ns) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (compiled) {
+    compiled_runs += 1;
+    compiled_ns += ns;
+    // Keep the compiled code only if it beats replay (it also pays for the GIL).
+    if (compiled_runs == kTrialRuns && replay_runs >= 2) {
+      const double per_compiled = static_cast<double>(compiled_ns) / compiled_runs;
+      const double per_replay = static_cast<double>(replay_ns) / replay_runs;
+      if (per_compiled > per_replay * 1.05) {
+        state = Rejected;
+        note = "compiled code was slower than replay";
+        counters().compiled_rejected.fetch_add(1);
+      }
+    }
+  } else {
+    replay_runs += 1;
+    replay_ns += ns;
+  }
+}
+
+void clear_graph_cache() {
+  graph_cache().clear();
+  // The bookkeeping of finished launches and freed memory goes with it (what is still
+  // in flight, or still allocated and never computed, stays: forgetting it would let a
+  // host access skip a wait, or read a value that was never computed).
+  access_table().forget_finished();
+  poison_table().forget_freed();
+}
 
 }  // namespace neuron::lazy

@@ -3,6 +3,7 @@
 // compiler (neuron_lab/adaptive_eager/compiler.py); compiled graphs swapped in
 // and run on the device threads.
 #include "adaptive_eager.h"
+#include "storage_state.h"
 #include "../../device/csrc/python_submodules.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
@@ -279,6 +280,9 @@ void register_bindings(py::module& m) {
     return out;
   });
   m.def("clear_graph_cache", []() { clear_graph_cache(); });
+  m.def(
+      "tracked_storages", []() { return py::make_tuple(access_table().size(), poison_table().size()); },
+      "(storages with a launch that may still use them, storages marked never computed).");
   m.def(
       "next_compile_request",
       [](double timeout_s) -> py::object {
