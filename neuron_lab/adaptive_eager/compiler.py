@@ -26,37 +26,15 @@ __all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module", "insta
 
 _native = _C.adaptive
 
-_DTYPES = {
-    "Float": torch.float32, "Double": torch.float64, "Half": torch.float16, "BFloat16": torch.bfloat16,
-    "Long": torch.int64, "Int": torch.int32, "Short": torch.int16, "Char": torch.int8, "Byte": torch.uint8,
-    "Bool": torch.bool, "ComplexFloat": torch.complex64, "ComplexDouble": torch.complex128,
-}
-# c10::ScalarType / Layout / MemoryFormat arrive as their enum values.
-_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64, 5: torch.float16,
-                 6: torch.float32, 7: torch.float64, 9: torch.complex64, 10: torch.complex128, 11: torch.bool,
-                 15: torch.bfloat16}
-_MEMORY_FORMATS = {0: torch.contiguous_format, 1: torch.preserve_format, 2: torch.channels_last,
-                   3: torch.channels_last_3d}
-
-
-def _dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise NotImplementedError(f"dtype {name} in a compiled graph") from None
-
-
-def _type_name(arg: Any) -> str:
-    return str(arg.type).replace("Optional[", "").rstrip("]")
+# A hot graph arrives as a typed CompileRequest: its storages (GraphStorage) and its
+# recorded ops (RecordedOp), whose tensors are TensorViews of those storages; dtypes,
+# layouts and memory formats arrive as torch's own objects.
+CompileRequest = _native.CompileRequest
+TensorView = _native.TensorView
 
 
 def _writes(arg: Any) -> bool:
     return arg.alias_info is not None and arg.alias_info.is_write
-
-
-def _view_key(desc: tuple) -> tuple:
-    _, index, sizes, strides, offset, _dtype_name = desc
-    return (index, tuple(sizes), tuple(strides), offset)
 
 
 def _resolve(name: str, overload: str) -> Any:
@@ -80,16 +58,16 @@ def _functional_twin(op: Any) -> Any:
     return None
 
 
-def _write_once_storages(ops: list, resolved: list, storages: list) -> set[int]:
+def _write_once_storages(ops: list, resolved: list) -> set[int]:
     """Storages used through one view only and written by exactly one op, before any read."""
     views: dict[int, set] = {}
     writes: dict[int, int] = {}
     read_before_write: set[int] = set()
 
     def visit(value: Any, write: bool) -> None:
-        if isinstance(value, tuple) and value and value[0] == "tensor":
-            index = value[1]
-            views.setdefault(index, set()).add(_view_key(value))
+        if isinstance(value, TensorView):
+            index = value.storage
+            views.setdefault(index, set()).add(value.key)
             if write:
                 writes[index] = writes.get(index, 0) + 1
             elif writes.get(index, 0) == 0:
@@ -98,98 +76,85 @@ def _write_once_storages(ops: list, resolved: list, storages: list) -> set[int]:
             for v in value:
                 visit(v, write)
 
-    for (name, overload, args, outputs), op in zip(ops, resolved):
-        for arg, value in zip(op._schema.arguments, args):
+    for recorded, op in zip(ops, resolved):
+        for arg, value in zip(op._schema.arguments, recorded.args):
             if not _writes(arg):
                 visit(value, False)
-        for arg, value in zip(op._schema.arguments, args):
+        for arg, value in zip(op._schema.arguments, recorded.args):
             if _writes(arg):
                 visit(value, True)
-        for out in outputs:
+        for out in recorded.outputs:
             visit(out, True)
     return {i for i, v in views.items() if len(v) == 1 and writes.get(i, 0) == 1 and i not in read_before_write}
 
 
-def build_graph_module(storages: list, ops: list) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+def build_graph_module(request: CompileRequest) -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
     """An FX graph that does what the recorded ops do, and example inputs for it."""
+    storages, ops = request.storages, request.ops
     graph = torch.fx.Graph()
     bases: dict[int, torch.fx.Node] = {}
     examples: list[torch.Tensor] = []
-    for index, (numel, dtype_name, dead) in enumerate(storages):
-        dtype = _dtype(dtype_name)
-        if dead:
+    for index, storage in enumerate(storages):
+        if storage.dead:
             bases[index] = graph.call_function(
-                torch.ops.aten.empty.memory_format, ([numel],), {"dtype": dtype, "device": torch.device("cpu")}
+                torch.ops.aten.empty.memory_format, ([storage.numel],),
+                {"dtype": storage.dtype, "device": torch.device("cpu")},
             )
         else:
             bases[index] = graph.placeholder(f"memory{index}")
-            examples.append(torch.empty(numel, dtype=dtype))
+            examples.append(torch.empty(storage.numel, dtype=storage.dtype))
     views: dict[tuple, torch.fx.Node] = {}
 
-    def tensor(desc: tuple) -> torch.fx.Node:
-        _, index, sizes, strides, offset, _dtype_name = desc
-        key = (index, tuple(sizes), tuple(strides), offset)
+    def view(key: tuple) -> torch.fx.Node:
         if key not in views:
+            index, sizes, strides, offset = key
             views[key] = graph.call_function(
                 torch.ops.aten.as_strided.default, (bases[index], list(sizes), list(strides), offset)
             )
         return views[key]
 
-    def convert(value: Any, arg: Any) -> Any:
-        if isinstance(value, tuple) and value and value[0] == "tensor":
-            return tensor(value)
-        if isinstance(value, tuple) and value and value[0] == "scalar":
-            return value[1]
+    def convert(value: Any) -> Any:
+        if isinstance(value, TensorView):
+            return view(value.key)
         if isinstance(value, list):
-            return [convert(v, arg) for v in value]
-        kind = _type_name(arg)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if kind == "ScalarType":
-                return _SCALAR_TYPES[value]
-            if kind == "Layout":
-                return torch.strided
-            if kind == "MemoryFormat":
-                return _MEMORY_FORMATS[value]
+            return [convert(v) for v in value]
         if isinstance(value, torch.device):
             return torch.device("cpu")
         return value
 
-    resolved = [_resolve(name, overload) for name, overload, _, _ in ops]
-    simple = _write_once_storages(ops, resolved, storages)
+    resolved = [_resolve(recorded.name, recorded.overload) for recorded in ops]
+    simple = _write_once_storages(ops, resolved)
     results: dict[tuple, torch.fx.Node] = {}  # results of write-once storages, by view
 
-    def value_of(desc: tuple) -> torch.fx.Node:
-        key = _view_key(desc)
-        return results[key] if key in results else tensor(desc)
-
-    def convert_arg(value: Any, arg: Any) -> Any:
-        if isinstance(value, tuple) and value and value[0] == "tensor":
-            return value_of(value)
+    def convert_arg(value: Any) -> Any:
+        if isinstance(value, TensorView):
+            return results[value.key] if value.key in results else view(value.key)
         if isinstance(value, list):
-            return [convert_arg(v, arg) for v in value]
-        return convert(value, arg)
+            return [convert_arg(v) for v in value]
+        return convert(value)
 
-    for (name, overload, args, outputs), op in zip(ops, resolved):
+    for recorded, op in zip(ops, resolved):
+        args, outputs = recorded.args, recorded.outputs
         schema = op._schema
         out_args = [(a, v) for a, v in zip(schema.arguments, args) if _writes(a) and a.kwarg_only]
         twin = _functional_twin(op) if len(out_args) == 1 else None
-        if twin is not None and isinstance(out_args[0][1], tuple) and out_args[0][1][1] in simple:
+        if twin is not None and isinstance(out_args[0][1], TensorView) and out_args[0][1].storage in simple:
             # An out= op whose output memory is written once: its functional twin,
             # so that Inductor keeps the intermediate in registers.
             positional, keywords = [], {}
             for arg, value in zip(schema.arguments, args):
                 if _writes(arg):
                     continue
-                converted = convert_arg(value, arg)
+                converted = convert_arg(value)
                 if arg.kwarg_only:
                     keywords[arg.name] = converted
                 else:
                     positional.append(converted)
-            results[_view_key(out_args[0][1])] = graph.call_function(twin, tuple(positional), keywords)
+            results[out_args[0][1].key] = graph.call_function(twin, tuple(positional), keywords)
             continue
         positional, keywords = [], {}
         for arg, value in zip(schema.arguments, args):
-            converted = convert_arg(value, arg)
+            converted = convert_arg(value)
             if arg.kwarg_only:
                 keywords[arg.name] = converted
             else:
@@ -209,26 +174,25 @@ def build_graph_module(storages: list, ops: list) -> tuple[torch.fx.GraphModule,
                     flat.extend(graph.call_function(operator.getitem, (result, i)) for i in range(count))
                 else:
                     flat.append(result)
-            for out_desc, result in zip(outputs, flat):
-                if out_desc[1] in simple:
-                    results[_view_key(out_desc)] = result
+            for out, result in zip(outputs, flat):
+                if out.storage in simple:
+                    results[out.key] = result
                 else:
-                    graph.call_function(torch.ops.aten.copy_.default, (tensor(out_desc), result))
+                    graph.call_function(torch.ops.aten.copy_.default, (view(out.key), result))
     # Write-once results that outlive the graph go to their memory.
     for key, result in results.items():
-        index = key[0]
-        if not storages[index][2]:
-            graph.call_function(torch.ops.aten.copy_.default, (tensor(("tensor",) + key + ("",)), result))
+        if not storages[key[0]].dead:
+            graph.call_function(torch.ops.aten.copy_.default, (view(key), result))
     # AOTAutograd expects at least one output; the effects are the writes into the inputs.
     token = graph.call_function(torch.ops.aten.empty.memory_format, ([0],), {"device": torch.device("cpu")})
     graph.output((token,))
     return torch.fx.GraphModule(torch.nn.Module(), graph), examples
 
 
-def _compile(storages: list, ops: list) -> Callable[[list], Any]:
+def _compile(request: CompileRequest) -> Callable[[list], Any]:
     from torch._inductor.compile_fx import compile_fx
 
-    module, examples = build_graph_module(storages, ops)
+    module, examples = build_graph_module(request)
     with torch.no_grad():
         compiled = compile_fx(module, examples)
 
@@ -362,14 +326,14 @@ def _compile_forever() -> None:
         request = _native.next_compile_request(1.0)
         if request is None:
             continue
-        graph_id, storages, ops = request
+        graph_id = request.graph_id
         start = time.perf_counter()
         try:
             _exclusive.register()
             with _exclusive.lock:
                 _exclusive.compiling_thread = threading.get_ident()
                 try:
-                    fn = _compile(storages, ops)
+                    fn = _compile(request)
                 finally:
                     _exclusive.compiling_thread = None
         except Exception as e:  # noqa: BLE001 - any failure means: keep replaying

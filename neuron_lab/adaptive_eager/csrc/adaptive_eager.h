@@ -26,6 +26,10 @@
 #include <string_view>
 #include <vector>
 
+namespace pybind11 {
+class module_;
+}  // namespace pybind11
+
 namespace neuron::lazy {
 
 // The value of a Python number wrapped as a 0-dim CPU tensor (the 3 of x * 3),
@@ -284,5 +288,14 @@ struct GraphInfo {
 };
 std::vector<GraphInfo> graph_infos();
 void clear_graph_cache();
+
+// ---- compile_queue.cpp ------------------------------------------------------------------
+// Hands a hot graph to the background compiler (once; from the recording thread).
+void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Record>& records,
+                     const std::vector<StorageUse>& storages);
+// Runs the graph's compiled code over its live storages (takes the GIL); false if it failed.
+bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes);
+// The compile queue's Python bindings, in neuron_lab.device._C.adaptive.
+void register_compile_bindings(pybind11::module_& m);
 
 }  // namespace neuron::lazy

@@ -12,9 +12,6 @@
 
 namespace neuron::lazy {
 
-// Implemented in python.cpp (needs the GIL).
-bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes);
-
 namespace {
 
 // Warnings an out= kernel raises are held until it is known whether its results are

@@ -27,10 +27,6 @@
 
 namespace neuron::lazy {
 
-// Implemented in python.cpp (needs the GIL).
-void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Record>& records,
-                     const std::vector<StorageUse>& storages);
-
 namespace {
 
 // References to a tensor or storage from C++, not counting its Python wrapper's

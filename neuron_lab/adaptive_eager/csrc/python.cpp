@@ -1,7 +1,6 @@
-// The Python side of adaptive eager: modes, knobs and counters for
-// neuron_lab.adaptive_eager; graph descriptions handed to the background
-// compiler (neuron_lab/adaptive_eager/compiler.py); compiled graphs swapped in
-// and run on the device threads.
+// The Python side of adaptive eager (neuron_lab.device._C.adaptive): modes, knobs and
+// counters for neuron_lab.adaptive_eager; the compile queue's bindings are in
+// compile_queue.cpp.
 #include "adaptive_eager.h"
 #include "storage_state.h"
 #include "../../device/csrc/python_submodules.h"
@@ -9,179 +8,11 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <ATen/ops/from_blob.h>
-
-#include <condition_variable>
-#include <deque>
-#include <unordered_map>
 
 namespace py = pybind11;
 
 namespace neuron::lazy {
 namespace {
-
-std::mutex g_graphs_mutex;
-std::unordered_map<int64_t, std::weak_ptr<Graph>>& pending_graphs() {
-  static auto* m = new std::unordered_map<int64_t, std::weak_ptr<Graph>>();
-  return *m;
-}
-
-// A graph waiting to be compiled, described without tensors (no references
-// that would keep memory alive) and without Python objects (built off the GIL).
-struct ArgDesc {
-  enum Kind { Tensor, Scalar, Value, List, None } kind = None;
-  int storage = 0;
-  std::vector<int64_t> sizes, strides;
-  int64_t offset = 0;
-  c10::ScalarType dtype = c10::ScalarType::Float;
-  c10::IValue value;  // Scalar: the number; Value: anything without tensors
-  std::vector<ArgDesc> items;
-};
-struct OpDesc {
-  std::string name, overload;
-  std::vector<ArgDesc> args, outputs;
-};
-struct CompileRequest {
-  std::shared_ptr<Graph> graph;
-  std::vector<std::tuple<int64_t, c10::ScalarType, bool>> storages;  // numel, dtype, dead
-  std::vector<OpDesc> ops;
-};
-
-std::mutex g_requests_mutex;
-std::condition_variable g_requests_ready;
-std::deque<CompileRequest>& requests() {
-  static auto* q = new std::deque<CompileRequest>();
-  return *q;
-}
-std::atomic<int64_t> g_in_flight{0};  // taken by the compiler, not installed yet
-bool g_stopping = false;              // the process is exiting: the compiler thread ends
-
-ArgDesc describe_tensor(const at::Tensor& t, const std::unordered_map<const c10::StorageImpl*, int>& index) {
-  ArgDesc d;
-  if (!t.defined()) return d;
-  if (t.device().type() == kNeuron) {
-    d.kind = ArgDesc::Tensor;
-    d.storage = index.at(t.storage().unsafeGetStorageImpl());
-    d.sizes = t.sizes().vec();
-    d.strides = t.strides().vec();
-    d.offset = t.storage_offset();
-    d.dtype = t.scalar_type();
-    return d;
-  }
-  TORCH_CHECK(t.unsafeGetTensorImpl()->is_wrapped_number(), "a host tensor argument");
-  d.kind = ArgDesc::Scalar;
-  const auto s = wrapped_number_value(t);
-  if (s.isFloatingPoint()) {
-    d.value = s.toDouble();
-  } else if (s.isBoolean()) {
-    d.value = s.toBool();
-  } else {
-    TORCH_CHECK(s.isIntegral(false), "a complex scalar");
-    d.value = s.toLong();
-  }
-  return d;
-}
-
-ArgDesc describe_value(const c10::IValue& v, const std::unordered_map<const c10::StorageImpl*, int>& index) {
-  if (v.isTensor()) return describe_tensor(v.toTensor(), index);
-  ArgDesc d;
-  if (v.isTensorList()) {
-    d.kind = ArgDesc::List;
-    for (const at::Tensor& t : v.toTensorList()) d.items.push_back(describe_tensor(t, index));
-  } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
-    d.kind = ArgDesc::List;
-    for (const c10::IValue& e : v.toList()) d.items.push_back(describe_value(e, index));
-  } else if (!v.isNone()) {
-    d.kind = ArgDesc::Value;
-    d.value = v;
-  }
-  return d;
-}
-
-py::object to_python(const ArgDesc& d) {
-  switch (d.kind) {
-    case ArgDesc::Tensor:
-      return py::make_tuple("tensor", d.storage, d.sizes, d.strides, d.offset, py::str(c10::toString(d.dtype)));
-    case ArgDesc::Scalar:
-      return py::make_tuple("scalar", torch::jit::toPyObject(d.value));
-    case ArgDesc::Value:
-      return torch::jit::toPyObject(d.value);
-    case ArgDesc::List: {
-      py::list l;
-      for (const auto& e : d.items) l.append(to_python(e));
-      return l;
-    }
-    case ArgDesc::None:
-      break;
-  }
-  return py::none();
-}
-
-void register_graph(const std::shared_ptr<Graph>& graph) {
-  std::lock_guard<std::mutex> lock(g_graphs_mutex);
-  pending_graphs()[graph->id] = graph;
-}
-
-}  // namespace
-
-// Called by launch() on the recording thread, possibly without the GIL.
-void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Record>& records,
-                     const std::vector<StorageUse>& storages) {
-  int expected = Graph::Cold;
-  if (!graph->state.compare_exchange_strong(expected, Graph::Compiling)) return;
-  CompileRequest req;
-  req.graph = graph;
-  try {
-    std::unordered_map<const c10::StorageImpl*, int> index;
-    for (size_t i = 0; i < storages.size(); ++i) {
-      const auto& u = storages[i];
-      index.emplace(u.storage.unsafeGetStorageImpl(), static_cast<int>(i));
-      req.storages.emplace_back(static_cast<int64_t>(u.storage.nbytes() / c10::elementSize(u.dtype)), u.dtype, u.dead);
-    }
-    for (const auto& r : records) {
-      OpDesc op;
-      op.name = r.op.schema().name();
-      op.overload = r.op.schema().overload_name();
-      for (const auto& a : r.args) op.args.push_back(describe_value(a, index));
-      for (const auto& t : r.outputs) op.outputs.push_back(describe_tensor(t, index));
-      req.ops.push_back(std::move(op));
-    }
-  } catch (const std::exception& e) {
-    graph->note = std::string("not compiled: ") + e.what();
-    graph->state = Graph::NotCompilable;
-    return;
-  }
-  counters().compiles_requested.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    requests().push_back(std::move(req));
-  }
-  g_requests_ready.notify_one();
-}
-
-bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes) {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
-  py::gil_scoped_acquire gil;
-  try {
-    py::list args;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const auto& s = inputs[i];
-      const int64_t numel = static_cast<int64_t>(s.nbytes() / c10::elementSize(dtypes[i]));
-      args.append(at::from_blob(s.mutable_data(), {numel}, at::TensorOptions().dtype(dtypes[i])));
-    }
-    auto fn = py::reinterpret_borrow<py::object>(static_cast<PyObject*>(graph.compiled));
-    fn(args);
-    return true;
-  } catch (py::error_already_set& e) {
-    graph.note = std::string("compiled code failed, replaying instead: ") + e.what();
-    graph.state = Graph::CompileFailed;
-    return false;
-  } catch (const std::exception& e) {
-    graph.note = std::string("compiled code failed, replaying instead: ") + e.what();
-    graph.state = Graph::CompileFailed;
-    return false;
-  }
-}
 
 void register_bindings(py::module& m) {
   install_recorder();  // the device now hands recordable ops to the recorder
@@ -283,89 +114,7 @@ void register_bindings(py::module& m) {
   m.def(
       "tracked_storages", []() { return py::make_tuple(access_table().size(), poison_table().size()); },
       "(storages with a launch that may still use them, storages marked never computed).");
-  m.def(
-      "next_compile_request",
-      [](double timeout_s) -> py::object {
-        CompileRequest req;
-        {
-          py::gil_scoped_release no_gil;
-          std::unique_lock<std::mutex> lock(g_requests_mutex);
-          if (!g_requests_ready.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                                         [] { return g_stopping || !requests().empty(); }) ||
-              g_stopping) {
-            return py::none();
-          }
-          req = std::move(requests().front());
-          requests().pop_front();
-          g_in_flight.fetch_add(1);
-        }
-        register_graph(req.graph);
-        py::list storages;
-        for (const auto& [numel, dtype, dead] : req.storages) {
-          storages.append(py::make_tuple(numel, py::str(c10::toString(dtype)), dead));
-        }
-        py::list ops;
-        for (const auto& op : req.ops) {
-          py::list args, outputs;
-          for (const auto& a : op.args) args.append(to_python(a));
-          for (const auto& o : op.outputs) outputs.append(to_python(o));
-          ops.append(py::make_tuple(op.name, op.overload, args, outputs));
-        }
-        return py::make_tuple(req.graph->id, storages, ops);
-      },
-      py::arg("timeout_s"), "The next graph to compile (waits up to timeout_s), or None.");
-  m.def("stop_compiler", []() {
-    {
-      std::lock_guard<std::mutex> lock(g_requests_mutex);
-      g_stopping = true;
-    }
-    g_requests_ready.notify_all();
-  });
-  m.def("compiler_stopping", []() {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    return g_stopping;
-  });
-  m.def("pending_compiles", []() {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    return static_cast<int64_t>(requests().size()) + g_in_flight.load();
-  });
-  m.def("install_compiled", [](int64_t graph_id, py::object fn, std::string error, double seconds) {
-    std::shared_ptr<Graph> g;
-    {
-      std::lock_guard<std::mutex> lock(g_graphs_mutex);
-      auto it = pending_graphs().find(graph_id);
-      g_in_flight.fetch_sub(1);
-      if (it == pending_graphs().end()) return false;
-      g = it->second.lock();
-      pending_graphs().erase(it);
-    }
-    if (!g) return false;
-    auto& c = counters();
-    c.compile_ns.fetch_add(static_cast<uint64_t>(seconds * 1e9));
-    {
-      trace::Event e;
-      e.duration_ns = static_cast<int64_t>(seconds * 1e9);
-      e.time_ns = trace::now_ns() - e.duration_ns;
-      e.kind = fn.is_none() ? "compile_failed" : "compile";
-      e.what = "graph " + std::to_string(g->id) + " (" + std::to_string(g->n_ops) + " ops, from " + g->first_op + ")";
-      e.detail = fn.is_none() ? "compile failed, replaying instead: " + error
-                              : "compiled with TorchInductor in the background; recorded at " + g->source;
-      e.graph_id = g->id;
-      trace::log_event(std::move(e));
-    }
-    if (fn.is_none()) {
-      c.compiles_failed.fetch_add(1);
-      g->note = "compile failed, replaying instead: " + error;
-      g->state = Graph::CompileFailed;
-      return true;
-    }
-    c.compiles_succeeded.fetch_add(1);
-    PyObject* previous = static_cast<PyObject*>(g->compiled);  // compiled for other scalars, if any
-    g->compiled = fn.release().ptr();  // owned by the graph (run_compiled holds its own reference)
-    Py_XDECREF(previous);
-    g->state = Graph::Compiled;
-    return true;
-  });
+  register_compile_bindings(m);
   m.def("set_recording_torch_compile_graph", [](bool on) { return set_recording_torch_compile_graph(on); },
         "Marks the ops this thread records as a torch.compile graph's; returns the previous value.");
   m.def(
@@ -389,6 +138,8 @@ void register_bindings(py::module& m) {
     return neuron::stream_enqueued(s) - neuron::stream_completed(s);
   });
 }
+
+}  // namespace
 
 // neuron_lab.device._C.adaptive, added when the extension loads.
 [[maybe_unused]] const bool kBound = add_python_submodule("adaptive", "The adaptive-eager recorder (neuron_lab.adaptive_eager).",
