@@ -195,14 +195,13 @@ class StreamState:
 def read_streams() -> list[StreamState]:
     """Every stream of every core, with its queue depth."""
     from neuron_lab.adaptive_eager import queue_depth
-    from neuron_lab.device import _C
+    from neuron_lab.device.streams import num_streams, stream_launches
 
     states = []
     for device in range(torch.neuron.device_count()):
-        for stream_id in range(int(_C.num_streams(device))):
-            enqueued, completed = _C.stream_launches(device, stream_id)
-            states.append(StreamState(device, stream_id, int(enqueued), int(completed),
-                                      queue_depth(device, stream_id)))
+        for stream_id in range(num_streams(device)):
+            enqueued, completed = stream_launches(device, stream_id)
+            states.append(StreamState(device, stream_id, enqueued, completed, queue_depth(device, stream_id)))
     return states
 
 
