@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 # The units of the per-cell line and of every neuron_lab report.
-from neuron_lab.observability.explain import format_bytes
+from neuron_lab.device.units import format_bytes
 
 __all__ = [
     "format_bytes",

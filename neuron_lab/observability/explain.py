@@ -23,20 +23,10 @@ import torch
 from neuron_lab.adaptive_eager import stats
 from neuron_lab.device import trace
 from neuron_lab.device.core import device_count
+from neuron_lab.device.units import format_bytes  # re-exported: the unit of the reports
 from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
 
 __all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 MiB``; signed values keep their sign."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_seconds(s: float) -> str:

@@ -15,7 +15,8 @@ from typing import Sequence
 
 from neuron_lab.adaptive_eager import stats
 from neuron_lab.device import trace
-from neuron_lab.observability.explain import format_bytes, format_seconds
+from neuron_lab.device.units import format_bytes
+from neuron_lab.observability.explain import format_seconds
 from neuron_lab.observability.records import events_since, now_ns, totals
 
 __all__ = ["Distribution", "MetricsReport", "report", "reset", "snapshot"]
