@@ -245,7 +245,9 @@ def test_an_extension_built_for_another_torch_says_so_and_torch_still_works() ->
 
     for text in (result.stderr, result.stdout):
         assert f"built against torch 2.14.0, but this is torch {torch.__version__}" in text, text
-        assert "pip install --no-build-isolation" in text
+        assert "`pip install .` (or `pip install -e .`)" in text  # they build against this torch
+        assert "python setup.py build_ext --inplace" in text
+        assert "--no-build-isolation" not in text  # no longer needed: see _build_backend.py
 
 
 def test_a_device_that_cannot_load_never_breaks_import_torch() -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_CSRC = ROOT / "neuron_lab" / "device" / "csrc"
-UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations")
+# What lies above the device: the runtime, the workbench and their top-level shims.
+UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "metrics",
+                  "profiler")
 
 
 def test_the_native_device_includes_and_declares_nothing_of_adaptive_eager() -> None:
@@ -24,19 +26,83 @@ def test_the_native_device_includes_and_declares_nothing_of_adaptive_eager() -> 
     assert "class OpInterceptor" in (DEVICE_CSRC / "interceptor.h").read_text()
 
 
+def _imported_modules(source: str, package: list[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import in the source of a module of ``package`` (its dotted
+    parts): ``import a.b`` gives ``a.b``; ``from a import b`` gives ``a`` and ``a.b`` (``b``
+    may be a module); relative imports are resolved against ``package``; and
+    ``importlib.import_module("a.b")`` / ``__import__("a.b")`` with a literal name count too."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            if module:
+                found.append((node.lineno, module))
+            found += [(node.lineno, f"{module}.{a.name}" if module else a.name) for a in node.names]
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("__import__", "import_module")))):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def _imports_of(path: Path) -> list[tuple[int, str]]:
+    """``_imported_modules`` of a file of the repository (its package is its folder)."""
+    return _imported_modules(path.read_text(), list(path.relative_to(ROOT).parts[:-1]))
+
+
+def _is_in(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")
+
+
 def test_the_python_device_layer_imports_nothing_above_it() -> None:
     offending = []
-    for path in sorted((ROOT / "neuron_lab" / "device").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
-                if any(name == f"neuron_lab.{p}" or name.startswith(f"neuron_lab.{p}.") for p in UPPER_PACKAGES):
-                    offending.append(f"{path.name}:{node.lineno}: imports {name}")
+    for path in sorted((ROOT / "neuron_lab" / "device").rglob("*.py")):
+        for line, name in _imports_of(path):
+            if any(_is_in(name, f"neuron_lab.{p}") for p in UPPER_PACKAGES):
+                offending.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
     assert not offending, "\n".join(offending)
+
+
+# The one module above the device that may use the extension: the runtime's C++ half is
+# compiled into it (as _C.adaptive), and this module is its owner.
+NATIVE_OWNERS = {"neuron_lab/adaptive_eager/_native.py"}
+
+
+def test_only_the_device_layer_imports_its_extension() -> None:
+    """The layers above the device use its public Python modules (``device.trace``,
+    ``device.host_kernels``, ``device.streams``, ``torch.neuron``) and the runtime's
+    package API, never ``neuron_lab.device._C``; adaptive eager reaches its own native
+    half through ``adaptive_eager/_native.py`` alone."""
+    package = ROOT / "neuron_lab"
+    offending = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if _is_in(relative.removesuffix(".py").replace("/", "."), "neuron_lab.device") or relative in NATIVE_OWNERS:
+            continue
+        for line, name in _imports_of(path):
+            if _is_in(name, "neuron_lab.device._C"):
+                offending.append(f"{relative}:{line}: imports {name}")
+    assert not offending, "use the device's public Python API instead:\n" + "\n".join(offending)
+    for owner in NATIVE_OWNERS:  # it owns the runtime's half of the extension, nothing of the device's
+        assert (ROOT / owner).exists(), f"{owner} moved: update NATIVE_OWNERS"
+        beyond = [name for _, name in _imports_of(ROOT / owner) if _is_in(name, "neuron_lab.device._C")
+                  and name not in ("neuron_lab.device._C", "neuron_lab.device._C.adaptive")]
+        assert not beyond, f"{owner} imports more than _C.adaptive: {beyond}"
+
+
+def test_the_import_check_sees_every_way_of_importing_the_extension() -> None:
+    source = ("import neuron_lab.device._C\nfrom neuron_lab.device import _C\nfrom ..device import _C\n"
+              "from ..device._C import trace\nimport importlib\nimportlib.import_module('neuron_lab.device._C')\n"
+              "from neuron_lab.device import trace, streams\nfrom . import records\n")
+    names = [name for _, name in _imported_modules(source, ["neuron_lab", "observability"])]
+    assert [n for n in names if _is_in(n, "neuron_lab.device._C")] == [
+        "neuron_lab.device._C", "neuron_lab.device._C", "neuron_lab.device._C", "neuron_lab.device._C",
+        "neuron_lab.device._C.trace", "neuron_lab.device._C"]
+    assert "neuron_lab.observability.records" in names and "neuron_lab.device.streams" in names
 
 
 def test_the_device_runs_alone_without_the_recorder() -> None:

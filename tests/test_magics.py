@@ -328,6 +328,11 @@ def test_mode_shows_and_sets(ip: InteractiveShell) -> None:
     ok(ip, "%neuron_mode adaptive")
 
 
+def test_mode_choices_are_the_runtimes_modes() -> None:
+    (action,) = [a for a in NeuronMagics.neuron_mode.parser._actions if a.dest == "mode"]
+    assert tuple(action.choices) == ae.MODES
+
+
 @pytest.mark.parametrize("line", ["turbo", "eager blocking", "-x"])
 def test_mode_bad_input(ip: InteractiveShell, line: str) -> None:
     cell = usage_error(ip, f"%neuron_mode {line}")

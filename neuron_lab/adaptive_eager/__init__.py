@@ -5,12 +5,12 @@ ones in the background, while programs keep eager semantics.
 Public API (also at the top level of ``neuron_lab``): ``set_mode``,
 ``get_mode``, ``mode``, ``configure``; and here: ``counters``,
 ``reset_counters``, ``graphs``, ``clear_graph_cache``, ``flush``,
-``wait_for_compiles``. See ``docs/adaptive_eager.md`` for the policy.
+``synchronize_all``, ``wait_for_compiles``. See ``docs/adaptive_eager.md`` for the policy.
 """
 
 from __future__ import annotations
 
-from neuron_lab.adaptive_eager.compiler import pending_compiles, wait_for_compiles
+from neuron_lab.adaptive_eager.compiler import pending_compiles, set_recording_torch_compile_graph, wait_for_compiles
 from neuron_lab.adaptive_eager.modes import MODES, configure, get_mode, mode, policy, set_mode
 from neuron_lab.adaptive_eager.stats import (
     clear_graph_cache,
@@ -19,6 +19,7 @@ from neuron_lab.adaptive_eager.stats import (
     graphs,
     queue_depth,
     reset_counters,
+    synchronize_all,
 )
 
 __all__ = [
@@ -33,9 +34,11 @@ __all__ = [
     "graphs",
     "clear_graph_cache",
     "flush",
+    "synchronize_all",
     "queue_depth",
     "wait_for_compiles",
     "pending_compiles",
+    "set_recording_torch_compile_graph",
     "start",
 ]
 
@@ -61,11 +64,11 @@ def _on_first_use() -> None:
 
 
 def _finish_at_exit() -> None:
-    from neuron_lab.adaptive_eager import compiler
-    from neuron_lab.device import _C
+    from neuron_lab.adaptive_eager import compiler, stats
+    from neuron_lab.device.trace import Reason
 
     try:
-        _C.adaptive.synchronize_all(_C.trace.Reason.EXIT)
+        stats.synchronize_all(Reason.EXIT)
     except Exception as e:  # noqa: BLE001 - the process is ending: say it, do not raise
         import sys
 

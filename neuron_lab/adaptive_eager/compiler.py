@@ -20,11 +20,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from neuron_lab.device import _C
+from neuron_lab.adaptive_eager._native import native as _native
 
-__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module", "install", "is_running"]
-
-_native = _C.adaptive
+__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module", "install", "is_running",
+           "set_recording_torch_compile_graph"]
 
 # A hot graph arrives as a typed CompileRequest: its storages (GraphStorage) and its
 # recorded ops (RecordedOp), whose tensors are TensorViews of those storages; dtypes,
@@ -359,6 +358,13 @@ def wait_for_compiles(timeout: Optional[float] = None) -> bool:
 def pending_compiles() -> int:
     """Compiles requested and not finished yet."""
     return int(_native.pending_compiles())
+
+
+def set_recording_torch_compile_graph(on: bool) -> bool:
+    """Marks the ops this thread records from now on as a torch.compile graph's (the neuron
+    backend's async graphs: their fused graphs may compile); returns the previous value, to
+    restore it."""
+    return bool(_native.set_recording_torch_compile_graph(bool(on)))
 
 
 def install() -> None:

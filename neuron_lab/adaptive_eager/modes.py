@@ -21,12 +21,11 @@ import contextlib
 import os
 from typing import Iterator, Optional
 
-from neuron_lab.device import _C
+from neuron_lab.adaptive_eager._native import native as _native
 
 __all__ = ["MODES", "set_mode", "get_mode", "mode", "configure", "policy"]
 
 MODES = ("blocking", "eager", "adaptive")
-_native = _C.adaptive
 
 
 def _check_mode(name: str) -> int:

@@ -1,12 +1,12 @@
-"""Counters and the graph cache of adaptive eager, for programs and the profiler."""
+"""Counters and the graph cache of adaptive eager, for programs and the profiler, and the
+buffered work: ``flush`` (launch it) and ``synchronize_all`` (launch it and wait for it)."""
 
 from __future__ import annotations
 
-from neuron_lab.device import _C
+from neuron_lab.adaptive_eager._native import native as _native
+from neuron_lab.device.trace import Reason
 
-__all__ = ["counters", "reset_counters", "graphs", "clear_graph_cache", "flush", "queue_depth"]
-
-_native = _C.adaptive
+__all__ = ["counters", "reset_counters", "graphs", "clear_graph_cache", "flush", "synchronize_all", "queue_depth"]
 
 
 def counters() -> dict:
@@ -42,9 +42,20 @@ def clear_graph_cache() -> None:
     _native.clear_graph_cache()
 
 
-def flush(device: int = -1) -> None:
-    """Launches every buffered op now (of one core, or of all with -1); does not wait."""
-    _native.flush(int(device))
+def flush(device: int = -1, reason: Reason = Reason.EXPLICIT_FLUSH) -> None:
+    """Launches every buffered op now (of one core, or of all with -1); does not wait.
+    ``reason`` is what the flush counters (``counters()["flushes"]``) count it under."""
+    _native.flush(int(device), reason)
+
+
+def synchronize_all(reason: Reason = Reason.SYNCHRONIZE) -> None:
+    """Launches what every stream of every core has buffered and waits for all of it, as one
+    host wait logged under ``reason`` (the explain/metrics sync trigger). The first
+    asynchronous error of that work is raised once every core is idle.
+
+    Unlike ``torch.neuron.synchronize(device)``, which waits for one core, this covers
+    every core."""
+    _native.synchronize_all(reason)
 
 
 def queue_depth(device: int = 0, stream_id: int = 0) -> int:

@@ -37,13 +37,14 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
+from neuron_lab import adaptive_eager
 from neuron_lab.compile.flex_host import prepare_flex_attention_for_host
-from neuron_lab.device import _C
+from neuron_lab.device import host_kernels as _kernels
+from neuron_lab.device import trace
+from neuron_lab.device.trace import Reason
 
 __all__ = ["neuron_backend", "compiled_graphs"]
 
-_kernels = _C.kernels
-_adaptive = _C.adaptive
 _graph_ids = itertools.count(1)
 _lock = threading.Lock()
 # Example input shapes of the last compile of each Dynamo frame: a recompile's cause.
@@ -64,7 +65,7 @@ def _describe(value: torch.Tensor) -> str:
 
 
 def _log(kind: str, what: str, detail: str, duration_s: float = 0.0, graph_id: int = -1) -> None:
-    _C.trace.log_event(kind, what, detail, int(duration_s * 1e9), graph_id, -1)
+    trace.log_event(kind, what, detail, int(duration_s * 1e9), graph_id, -1)
 
 
 def _note_frame(example_inputs: Sequence[Any]) -> tuple[str, str]:
@@ -246,14 +247,14 @@ def _run_async(gm: torch.fx.GraphModule, record: dict, devices: set[int]) -> Cal
     def run(args: list) -> Any:
         items = list(args)
         args.clear()
-        previous = _adaptive.set_recording_torch_compile_graph(True)  # its graphs may compile
+        previous = adaptive_eager.set_recording_torch_compile_graph(True)  # its graphs may compile
         try:
             outputs = gm(*items)
         finally:
-            _adaptive.set_recording_torch_compile_graph(previous)
+            adaptive_eager.set_recording_torch_compile_graph(previous)
         del items
         for device in devices:
-            _adaptive.flush(device, _C.trace.Reason.COMPILED_GRAPH_END)
+            adaptive_eager.flush(device, Reason.COMPILED_GRAPH_END)
         record["launches"] += 1
         return outputs
 
@@ -319,7 +320,7 @@ def _compile_graph(kind: str, launch_kind: str, config_patches: dict, gm: torch.
 
     def launch(*args: Any) -> Any:
         tensors = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
-        _kernels.prepare_host_access(tensors, [], name, reason=_C.trace.Reason.COMPILED_GRAPH)
+        _kernels.prepare_host_access(tensors, [], name, reason=Reason.COMPILED_GRAPH)
         # Inductor's code allocates its results with the CPU allocator: inside the launch
         # those allocations take device memory, and adopt() keeps them without copies.
         with _kernels.InlineLaunch(device, name, device_memory=True):

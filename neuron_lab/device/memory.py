@@ -22,6 +22,7 @@ import torch
 
 from neuron_lab.device import _C
 from neuron_lab.device.core import device_index
+from neuron_lab.device.units import format_bytes
 
 __all__ = [
     "memory_allocated",
@@ -103,33 +104,26 @@ def rounded_size(nbytes: int) -> int:
     return _C.rounded_size(int(nbytes))
 
 
-def _format_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
-
-
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A printable table of a core's allocator statistics, like ``torch.cuda.memory_summary``."""
     index = device_index(device)
     stats = memory_stats(index)
     free, total = mem_get_info(index)
     rows = [
-        ("Allocated memory", "allocated_bytes.all", _format_bytes),
-        ("Reserved memory", "reserved_bytes.all", _format_bytes),
-        ("Requested memory", "requested_bytes.all", _format_bytes),
+        ("Allocated memory", "allocated_bytes.all", format_bytes),
+        ("Reserved memory", "reserved_bytes.all", format_bytes),
+        ("Requested memory", "requested_bytes.all", format_bytes),
         ("Allocations", "allocation.all", str),
         ("Segments", "segment.all", str),
     ]
     if not abbreviated:
         rows += [
-            ("Small pool allocated", "allocated_bytes.small_pool", _format_bytes),
-            ("Large pool allocated", "allocated_bytes.large_pool", _format_bytes),
+            ("Small pool allocated", "allocated_bytes.small_pool", format_bytes),
+            ("Large pool allocated", "allocated_bytes.large_pool", format_bytes),
         ]
     width = 24
     lines = [
-        f"neuron:{index} memory summary ({_format_bytes(total)} per core, {_format_bytes(free)} free)",
+        f"neuron:{index} memory summary ({format_bytes(total)} per core, {format_bytes(free)} free)",
         f"{'':{width}} {'current':>12} {'peak':>12} {'allocated':>12} {'freed':>12}",
     ]
     for label, key, fmt in rows:

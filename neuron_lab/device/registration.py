@@ -77,9 +77,10 @@ def _check_torch_version() -> None:
     if built_with != torch.__version__:
         raise ImportError(
             f"neuron_lab's native runtime was built against torch {built_with}, but this is torch "
-            f"{torch.__version__}. Rebuild it against this torch: `pip install --no-build-isolation .` "
-            "(or `-e .`) in the neuron_lab checkout, or `bash scripts/setup.sh`; or install torch "
-            f"{built_with}."
+            f"{torch.__version__}. Rebuild it against this torch: `pip install .` (or `pip install -e .`) "
+            "in the neuron_lab checkout builds it against the torch of the environment it installs into; "
+            "in a source checkout, `python setup.py build_ext --inplace` (or `bash scripts/setup.sh`). "
+            f"Or install torch {built_with}."
         )
 
 
@@ -91,8 +92,8 @@ def _load_extension():
     except ImportError as e:
         raise ImportError(
             "neuron_lab's native runtime (neuron_lab.device._C) is not built, or was built for "
-            f"another torch ({e}). Build it with `bash scripts/setup.sh` from the neuron_lab "
-            "checkout (or `pip install --no-build-isolation -e .`)."
+            f"another torch ({e}). Build it from the neuron_lab checkout: `pip install .` (or "
+            "`pip install -e .`), `python setup.py build_ext --inplace` in place, or `bash scripts/setup.sh`."
         ) from e
     return _C
 

@@ -23,6 +23,8 @@ __all__ = [
     "current_stream",
     "default_stream",
     "set_stream",
+    "num_streams",
+    "stream_launches",
 ]
 
 
@@ -133,3 +135,14 @@ class StreamContext:
 def stream(stream: torch.Stream | None) -> StreamContext:
     """``with torch.neuron.stream(s):`` runs the block's work on ``s``."""
     return StreamContext(stream)
+
+
+def num_streams(device: int) -> int:
+    """How many streams of a core (given by its index) exist so far; their ids are ``0 .. n-1``."""
+    return int(_C.num_streams(int(device)))
+
+
+def stream_launches(device: int, stream_id: int) -> tuple[int, int]:
+    """(enqueued, completed) launches of one stream of a core, since start."""
+    enqueued, completed = _C.stream_launches(int(device), int(stream_id))
+    return int(enqueued), int(completed)

@@ -28,9 +28,10 @@ NAMESPACE = "neuron_lab"
 
 
 def _native():
-    from neuron_lab.device import _C
+    """The device's host-kernel API (imported at the first neuron call, not at import)."""
+    from neuron_lab.device import host_kernels
 
-    return _C.kernels
+    return host_kernels
 
 
 def _qualname(name: str) -> str:

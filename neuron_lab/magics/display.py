@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 # The units of the per-cell line and of every neuron_lab report.
-from neuron_lab.observability.explain import format_bytes
+from neuron_lab.device.units import format_bytes
 
 __all__ = [
     "format_bytes",
@@ -195,14 +195,13 @@ class StreamState:
 def read_streams() -> list[StreamState]:
     """Every stream of every core, with its queue depth."""
     from neuron_lab.adaptive_eager import queue_depth
-    from neuron_lab.device import _C
+    from neuron_lab.device.streams import num_streams, stream_launches
 
     states = []
     for device in range(torch.neuron.device_count()):
-        for stream_id in range(int(_C.num_streams(device))):
-            enqueued, completed = _C.stream_launches(device, stream_id)
-            states.append(StreamState(device, stream_id, int(enqueued), int(completed),
-                                      queue_depth(device, stream_id)))
+        for stream_id in range(num_streams(device)):
+            enqueued, completed = stream_launches(device, stream_id)
+            states.append(StreamState(device, stream_id, enqueued, completed, queue_depth(device, stream_id)))
     return states
 
 

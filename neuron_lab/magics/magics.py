@@ -18,13 +18,13 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
+from neuron_lab.adaptive_eager import MODES
 from neuron_lab.magics.autotime import CellTimer
 from neuron_lab.magics.display import CellExplanation, FigureDisplay, MemoryReport, StatusReport, parse_device
 
 __all__ = ["NeuronMagics"]
 
 SORT_KEYS = ("device_time", "host_time", "count", "name")
-MODES = ("eager", "adaptive", "blocking")
 
 
 def _check_output_path(option: str, path: Optional[str]) -> Optional[str]:

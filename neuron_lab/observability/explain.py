@@ -21,23 +21,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from neuron_lab.adaptive_eager import stats
-from neuron_lab.device import _C
-
-Reason = _C.trace.Reason
+from neuron_lab.device import trace
+from neuron_lab.device.trace import Reason
+from neuron_lab.device.core import device_count
+from neuron_lab.device.units import format_bytes  # re-exported: the unit of the reports
 from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
 
 __all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 MiB``; signed values keep their sign."""
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def format_seconds(s: float) -> str:
@@ -95,13 +85,13 @@ def _counters_snapshot() -> dict:
         "wait_ns": t["wait_ns"],
         # As of the allocator's last change: reading it does not wait for the device
         # (the scope's exit synchronizes first, so the end value is settled).
-        "allocated": list(_C.trace.allocated()),
+        "allocated": trace.allocated(),
     }
 
 
 def _settled_allocated() -> list[int]:
     """Allocated bytes per core once pending tensors got their memory (waits for the device)."""
-    return [torch.neuron.memory_allocated(d) for d in range(_C.device_count())]
+    return [torch.neuron.memory_allocated(d) for d in range(device_count())]
 
 
 @dataclass
@@ -316,7 +306,7 @@ class explain_scope:
     def __enter__(self) -> Explanation:
         if self._start is not None:
             raise RuntimeError("neuron_lab.explain_scope() is already active; create a new one for each region")
-        self._watermark = _C.trace.open_watermark()
+        self._watermark = trace.open_watermark()
         self._start = _counters_snapshot()
         self._start_ns = now_ns()
         self._t0 = time.perf_counter()
@@ -328,7 +318,7 @@ class explain_scope:
         error: Optional[BaseException] = None
         self._end_ns = now_ns()  # the final wait below is the scope's, not one of the region's syncs
         try:
-            _C.adaptive.synchronize_all(Reason.SYNCHRONIZE)  # every core: the region may have used several
+            stats.synchronize_all(Reason.SYNCHRONIZE)  # every core: the region may have used several
         except Exception as e:  # an asynchronous error of the region: reported after the numbers
             error = e
         finally:
@@ -339,7 +329,7 @@ class explain_scope:
     def _finish(self) -> None:
         end_ns = self._end_ns
         wall = time.perf_counter() - self._t0
-        peaks = _C.trace.close_watermark(self._watermark)
+        peaks = trace.close_watermark(self._watermark)
         end = _counters_snapshot()
         end["allocated"] = _settled_allocated()
         start = self._start

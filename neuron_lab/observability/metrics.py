@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from neuron_lab.adaptive_eager import stats
-from neuron_lab.device import _C
-from neuron_lab.observability.explain import format_bytes, format_seconds
+from neuron_lab.device import trace
+from neuron_lab.device.units import format_bytes
+from neuron_lab.observability.explain import format_seconds
 from neuron_lab.observability.records import events_since, now_ns, totals
 
 __all__ = ["Distribution", "MetricsReport", "report", "reset", "snapshot"]
@@ -54,7 +55,7 @@ def reset() -> None:
     """Sets every counter and distribution back to zero."""
     global _reset_ns, _totals_at_reset
     stats.reset_counters()
-    _C.trace.reset_launch_times()
+    trace.reset_launch_times()
     _reset_ns = now_ns()
     _totals_at_reset = totals()
 
@@ -69,10 +70,10 @@ def snapshot() -> dict:
     for e in events:
         if e.kind == "sync":
             syncs[e.what].append(e.duration_ns)
-    launch_times = _C.trace.launch_times()
+    launch_times = trace.launch_times()
     return {
         "counters": c,
-        "transfers": dict(_C.counters()),
+        "transfers": trace.device_counters(),
         "device_busy_s": [(b - b0) / 1e9 for b, b0 in zip(t["device_busy_ns"], base["device_busy_ns"])],
         "host_tracing_s": (t["record_ns"] - base["record_ns"]) / 1e9,
         "host_wait_s": (t["wait_ns"] - base["wait_ns"]) / 1e9,

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Optional, Union
 
-from neuron_lab.device import _C
+from neuron_lab.device import trace
 from neuron_lab.observability import export
 from neuron_lab.observability.explain import Explanation, explain_scope
 from neuron_lab.observability.records import Event, Launch, MemorySample, events_since
@@ -122,7 +122,7 @@ class profile:
             raise RuntimeError("this profiler is already running; call stop() first")
         self._scope = explain_scope(label=self._label)
         self._scope.__enter__()
-        self._handle = _C.trace.start_profile()
+        self._handle = trace.start_profile()
 
     def stop(self) -> Profile:
         if self._handle is None:
@@ -132,7 +132,7 @@ class profile:
             self._scope.__exit__(None, None, None)  # finishes the region's device work
         except Exception as e:
             error = e
-        raw = _C.trace.stop_profile(self._handle)
+        raw = trace.stop_profile(self._handle)
         self._handle = None
         launches = [Launch.from_native(d) for d in raw["launches"]]
         memory = [MemorySample(*s) for s in raw["memory"]]

@@ -9,17 +9,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-from neuron_lab.device import _C
+from neuron_lab.device import trace as _trace
+from neuron_lab.device.trace import Reason
 
 __all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", "format_source"]
-
-_native = _C.trace
-Reason = _native.Reason
 
 
 def now_ns() -> int:
     """The runtime's clock (the same as ``time.monotonic_ns()``)."""
-    return int(_native.now_ns())
+    return _trace.now_ns()
 
 
 def _cell_name(file: str) -> Optional[str]:
@@ -185,7 +183,7 @@ class MemorySample:
 
 def events_since(since_ns: int, until_ns: Optional[int] = None) -> list[Event]:
     """Logged events in ``[since_ns, until_ns]``, oldest first."""
-    events = [Event.from_native(e) for e in _native.events_since(int(since_ns))]
+    events = [Event.from_native(e) for e in _trace.events_since(since_ns)]
     if until_ns is not None:
         events = [e for e in events if e.time_ns <= until_ns]
     return sorted(events, key=lambda e: e.time_ns)
@@ -193,4 +191,4 @@ def events_since(since_ns: int, until_ns: Optional[int] = None) -> list[Event]:
 
 def totals() -> dict:
     """Running totals: device busy time per core, host recording time, host wait time (ns)."""
-    return dict(_native.totals())
+    return _trace.totals()

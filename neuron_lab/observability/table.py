@@ -7,7 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from neuron_lab.observability.explain import format_bytes, format_seconds
+from neuron_lab.device.units import format_bytes
+from neuron_lab.observability.explain import format_seconds
 from neuron_lab.observability.records import Launch, format_source
 
 __all__ = ["ProfileTable", "Row", "SORT_KEYS"]

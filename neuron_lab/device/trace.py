@@ -1,0 +1,105 @@
+"""The device's observations, for the layers above it (``neuron_lab.observability``,
+``neuron_lab.compile``): its clock, launch records, event log, memory watermarks,
+running totals and transfer counters.
+
+A thin, typed face of the native ``_C.trace`` submodule and the device's counters:
+one function per native call, with the same behaviour. The layers above use these
+functions, never ``neuron_lab.device._C`` itself. Times are nanoseconds on the
+runtime's clock (``time.monotonic_ns()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from neuron_lab.device import _C
+
+__all__ = [
+    "Reason",
+    "allocated",
+    "close_watermark",
+    "device_counters",
+    "events_since",
+    "launch_times",
+    "log_event",
+    "now_ns",
+    "open_watermark",
+    "reset_launch_times",
+    "start_profile",
+    "stop_profile",
+    "totals",
+]
+
+_native = _C.trace
+
+Reason = _native.Reason
+"""Why the host waited for the device or the runtime launched its buffer (``Reason.COPY_TO_HOST``,
+``Reason.OP_LIMIT``, ...); ``reason.words`` is how counters and explanations name it."""
+
+
+def now_ns() -> int:
+    """The runtime's clock (the same as ``time.monotonic_ns()``)."""
+    return int(_native.now_ns())
+
+
+def allocated() -> list[int]:
+    """Allocated bytes per core as of the allocator's last change (does not wait for the device)."""
+    return list(_native.allocated())
+
+
+def open_watermark() -> int:
+    """Starts tracking the peak allocated bytes of every core; returns a handle for ``close_watermark``."""
+    return int(_native.open_watermark())
+
+
+def close_watermark(handle: int) -> list[int]:
+    """Peak allocated bytes per core since ``open_watermark()`` returned ``handle``; ends that tracking."""
+    return list(_native.close_watermark(int(handle)))
+
+
+def start_profile() -> int:
+    """Starts collecting launch records and memory samples; returns a handle for ``stop_profile``."""
+    return int(_native.start_profile())
+
+
+def stop_profile(handle: int) -> dict[str, Any]:
+    """Stops a profile: ``{"launches": [dict], "memory": [(time_ns, device, allocated, reserved)],
+    "start_ns": int, "end_ns": int}``."""
+    return dict(_native.stop_profile(int(handle)))
+
+
+def events_since(since_ns: int) -> list[dict[str, Any]]:
+    """The event log (syncs, new graphs, recompiles, inline ops, compiles) since a time, as
+    native dicts (``neuron_lab.observability.records.events_since`` turns them into ``Event``s)."""
+    return list(_native.events_since(int(since_ns)))
+
+
+def log_event(kind: str, what: str, detail: str, duration_ns: int = 0, graph_id: int = -1,
+              device: int = -1) -> None:
+    """Logs an event (e.g. a torch.compile graph build) at the caller's user line; it began
+    ``duration_ns`` ago."""
+    _native.log_event(kind, what, detail, int(duration_ns), int(graph_id), int(device))
+
+
+def totals() -> dict[str, Any]:
+    """Running totals since start: ``device_busy_ns`` (a list, per core), ``record_ns`` (host time
+    spent recording ops), ``wait_ns`` (host time spent waiting for the device)."""
+    return dict(_native.totals())
+
+
+def launch_times() -> dict[str, tuple[int, list[int]]]:
+    """Per launch kind (``graph``, ``op``, ``inline``): (launches so far, the last <= 8192
+    execution times in ns)."""
+    return {kind: (int(count), list(times)) for kind, (count, times) in _native.launch_times().items()}
+
+
+def reset_launch_times() -> None:
+    """Sets the launch counts and times of ``launch_times()`` back to zero."""
+    _native.reset_launch_times()
+
+
+def device_counters() -> dict[str, int]:
+    """The device's own counters since start: ``host_to_device_bytes``, ``device_to_host_bytes``,
+    ``device_to_device_bytes`` (copies), ``fallback_ops`` (ops run by the CPU fallback) and
+    ``output_copies``."""
+    return dict(_C.counters())
