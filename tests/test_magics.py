@@ -212,11 +212,14 @@ def test_nested_run_cell_and_time_count_as_one_cell(ip: InteractiveShell) -> Non
 
 
 BAD_INDEX = "bad = torch.tensor([0, 9], device='neuron')\n"
+# x, and one index_select already run: its first call with given input shapes runs inline to
+# learn its result shapes (its meta kernel is Python code); later calls are queued, and fail later.
+X_AND_INDEX_SELECT = "x = torch.randn(4, 5, device='neuron')\nx.index_select(0, torch.tensor([0, 1], device='neuron'))"
 
 
 def test_an_async_error_is_the_error_of_the_cell_that_queued_it(ip: InteractiveShell) -> None:
     timer = timer_for(ip)
-    ok(ip, "x = torch.randn(4, 5, device='neuron')")
+    ok(ip, X_AND_INDEX_SELECT)
     failing = run(ip, BAD_INDEX + "picked = x.index_select(0, bad)\nreached_the_end = True")
     assert isinstance(failing.error, IndexError), failing.text
     assert "failed on neuron" in str(failing.error)
@@ -233,7 +236,7 @@ def test_an_async_error_is_the_error_of_the_cell_that_queued_it(ip: InteractiveS
 
 
 def test_an_async_error_in_the_last_expression_is_not_displayed(ip: InteractiveShell) -> None:
-    ok(ip, "x = torch.randn(4, 5, device='neuron')")
+    ok(ip, X_AND_INDEX_SELECT)
     failing = run(ip, BAD_INDEX + "x.index_select(0, bad)")
     assert isinstance(failing.error, IndexError), failing.text
     assert failing.result.result is None
@@ -242,7 +245,7 @@ def test_an_async_error_in_the_last_expression_is_not_displayed(ip: InteractiveS
 
 def test_an_async_error_behind_a_python_error_is_shown_too(ip: InteractiveShell) -> None:
     timer = timer_for(ip)
-    ok(ip, "x = torch.randn(4, 5, device='neuron')")
+    ok(ip, X_AND_INDEX_SELECT)
     failing = run(ip, BAD_INDEX + "x.index_select(0, bad)\nraise ValueError('boom')")
     assert isinstance(failing.error, ValueError)
     assert "boom" in failing.text and "IndexError" in failing.text
