@@ -9,7 +9,18 @@ device checks before it loads the extension.
 """
 
 import os
+import sys
 from pathlib import Path
+
+# pyproject.toml's requires-python, for builds that do not read it (python setup.py ...).
+SUPPORTED_PYTHON = (3, 11)
+if sys.implementation.name != "cpython" or sys.version_info[:2] != SUPPORTED_PYTHON:
+    sys.exit(
+        f"neuron_lab builds for CPython {SUPPORTED_PYTHON[0]}.{SUPPORTED_PYTHON[1]} only, not "
+        f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}: the device reads each op's "
+        "source line from CPython 3.11's frame stack while torch has released the GIL. "
+        "Create the environment with python3.11 (e.g. `python3.11 -m venv .venv`)."
+    )
 
 # Importing torch must not try to load the very extension this script builds.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"

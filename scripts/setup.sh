@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python3}
+PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)}  # the package needs CPython 3.11
 VENV=${NEURON_LAB_VENV:-.venv}
 TORCH_PIN="torch==2.13.0"
 

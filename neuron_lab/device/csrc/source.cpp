@@ -2,10 +2,11 @@
 // or the profiler, can point at the line that issued it.
 //
 // Ops are dispatched with the GIL released, and taking it back per op would
-// stall behind any other Python thread (the background compiler). On CPython
-// 3.11 the calling thread's own frame stack is read instead: it cannot change
-// while this thread runs C++, and nothing is allocated or reference-counted.
-// Other versions capture the line only when the GIL is already held.
+// stall behind any other Python thread (the background compiler); CPython's public
+// frame APIs need the GIL. So the calling thread's own frame stack is read instead,
+// through CPython 3.11's frame structs: it cannot change while this thread runs C++,
+// and nothing is allocated or reference-counted. That ties the package to CPython
+// 3.11 (pyproject.toml's requires-python; setup.py refuses other versions).
 //
 // Cost: a walk over the innermost frames, skipping library frames (torch,
 // neuron_lab, the standard library), one lock-free per-thread lookup per frame and
@@ -14,14 +15,13 @@
 #include "trace.h"
 
 #include <Python.h>
-#include <frameobject.h>
 
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-#define NEURON_FRAME_WALK 1
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
+#error "neuron_lab reads CPython 3.11's frame stack (see above): build it with Python 3.11"
+#endif
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
 #undef Py_BUILD_CORE
-#endif
 
 #include <array>
 #include <atomic>
@@ -138,7 +138,6 @@ void set_library_prefixes(std::vector<std::string> prefixes) {
 Source capture() {
   if (!Py_IsInitialized()) return {};
   Source innermost;
-#ifdef NEURON_FRAME_WALK
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr || ts->cframe == nullptr) return {};
   auto line_of = [](_PyInterpreterFrame* f) {
@@ -154,27 +153,6 @@ Source capture() {
     if (!code.library) return {code.id, line_of(frame)};  // a line number only for the frame kept
   }
   if (first != nullptr) innermost = {first_id, line_of(first)};
-#else
-  if (!PyGILState_Check()) return {};
-  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
-  if (frame == nullptr) return {};
-  Py_INCREF(frame);
-  for (int depth = 0; frame != nullptr && depth < 32; ++depth) {
-    PyCodeObject* code = PyFrame_GetCode(frame);
-    const int32_t id = intern(code);
-    Py_DECREF(code);
-    const Source here{id, PyFrame_GetLineNumber(frame)};
-    if (depth == 0) innermost = here;
-    if (!is_library(id)) {
-      Py_DECREF(frame);
-      return here;
-    }
-    PyFrameObject* back = PyFrame_GetBack(frame);
-    Py_DECREF(frame);
-    frame = back;
-  }
-  Py_XDECREF(frame);
-#endif
   return innermost;
 }
 
