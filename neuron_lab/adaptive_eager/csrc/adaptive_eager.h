@@ -26,10 +26,6 @@
 #include <string_view>
 #include <vector>
 
-namespace pybind11 {
-class module_;
-}  // namespace pybind11
-
 namespace neuron::lazy {
 
 // The value of a Python number wrapped as a 0-dim CPU tensor (the 3 of x * 3),
@@ -119,7 +115,6 @@ void flush_device_buffers(c10::DeviceIndex device, Reason reason);
 // loads; false unregisters it, leaving the device alone (a test of the device by itself).
 void install_recorder(bool installed = true);
 
-// ---- launch.cpp --------------------------------------------------------------------
 // How an op's results relate to its arguments (from its schema).
 struct OpClass {
   bool recordable = false;
@@ -140,6 +135,29 @@ struct OpClass {
   bool pointwise = false;
 };
 
+// ---- op_catalog.cpp -------------------------------------------------------------------
+// The class of an op (made once per op, lock-free per call after a thread's first).
+const OpClass& classify(const c10::OperatorHandle& op);
+
+// ---- result_meta.cpp ------------------------------------------------------------------
+struct TensorMeta {
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype;
+};
+struct MetaResult {
+  bool ok = false;
+  std::vector<std::vector<TensorMeta>> returns;  // one entry per fresh return (lists hold several)
+  // Empty out= arguments the kernel resizes (what a composite factory such as arange
+  // passes, at::empty({0}) then arange.out): their new metadata, by argument index.
+  std::vector<std::pair<size_t, TensorMeta>> resized_empty_outs;
+  bool learn = false;  // not known yet: the caller runs the op inline and learns its metadata
+};
+using MetaPtr = std::shared_ptr<const MetaResult>;
+// The metadata of the results of this call of the op (args: its n arguments).
+MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n);
+// Drops a lesson meta_for left for the calling thread (the call did not run inline).
+void forget_lesson();
+
 struct Record {
   c10::OperatorHandle op;
   const OpClass* cls = nullptr;
@@ -155,6 +173,11 @@ struct Record {
 
 // A neuron tensor (not a CPU tensor or an undefined one).
 inline bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+// Schema types: Tensor, and Tensor[].
+inline bool is_tensor_type(const c10::TypePtr& t) { return t->kind() == c10::TypeKind::TensorType; }
+inline bool is_tensor_list_type(const c10::TypePtr& t) {
+  return t->kind() == c10::TypeKind::ListType && is_tensor_type(t->expectRef<c10::ListType>().getElementType());
+}
 
 // Every tensor in an argument: itself, or the tensors of a list.
 template <typename F>
@@ -295,7 +318,5 @@ void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Reco
                      const std::vector<StorageUse>& storages);
 // Runs the graph's compiled code over its live storages (takes the GIL); false if it failed.
 bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes);
-// The compile queue's Python bindings, in neuron_lab.device._C.adaptive.
-void register_compile_bindings(pybind11::module_& m);
 
 }  // namespace neuron::lazy

@@ -15,6 +15,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <optional>
 #include <unordered_map>
 
 namespace py = pybind11;
@@ -72,20 +73,67 @@ struct CompileRequest {
   std::vector<RecordedOp> ops;
 };
 
-std::mutex g_graphs_mutex;
-std::unordered_map<int64_t, std::weak_ptr<Graph>>& pending_graphs() {
-  static auto* m = new std::unordered_map<int64_t, std::weak_ptr<Graph>>();
-  return *m;
-}
+// Requests wait here for the compiler thread; a taken one is in flight until its code
+// (or its failure) is installed.
+class CompileQueue {
+ public:
+  void push(QueuedRequest req) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queued_.push_back(std::move(req));
+    }
+    ready_.notify_one();
+  }
+  // The next request, waiting up to timeout_s; nothing on timeout or once stopping.
+  std::optional<QueuedRequest> take(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!ready_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                         [this] { return stopping_ || !queued_.empty(); }) ||
+        stopping_) {
+      return std::nullopt;
+    }
+    QueuedRequest req = std::move(queued_.front());
+    queued_.pop_front();
+    in_flight_[req.graph->id] = req.graph;
+    return req;
+  }
+  // The graph a taken request was for, if it still exists (it may have been evicted).
+  std::shared_ptr<Graph> finish(int64_t graph_id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = in_flight_.find(graph_id);
+    if (it == in_flight_.end()) return nullptr;
+    auto graph = it->second.lock();
+    in_flight_.erase(it);
+    return graph;
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+  }
+  bool stopping() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stopping_;
+  }
+  int64_t pending() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int64_t>(queued_.size() + in_flight_.size());
+  }
 
-std::mutex g_requests_mutex;
-std::condition_variable g_requests_ready;
-std::deque<QueuedRequest>& requests() {
-  static auto* q = new std::deque<QueuedRequest>();
-  return *q;
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<QueuedRequest> queued_;
+  std::unordered_map<int64_t, std::weak_ptr<Graph>> in_flight_;  // taken, not installed yet
+  bool stopping_ = false;  // the process is exiting: the compiler thread ends
+};
+
+CompileQueue& compile_queue() {
+  static auto* queue = new CompileQueue();  // leaked: the compiler thread may outlive exit handlers
+  return *queue;
 }
-std::atomic<int64_t> g_in_flight{0};  // taken by the compiler, not installed yet
-bool g_stopping = false;              // the process is exiting: the compiler thread ends
 
 using StorageIndex = std::unordered_map<const c10::StorageImpl*, int>;
 
@@ -212,11 +260,7 @@ void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Reco
     return;
   }
   counters().compiles_requested.fetch_add(1);
-  {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    requests().push_back(std::move(req));
-  }
-  g_requests_ready.notify_one();
+  compile_queue().push(std::move(req));
 }
 
 bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes) {
@@ -273,51 +317,20 @@ void register_compile_bindings(py::module& m) {
   m.def(
       "next_compile_request",
       [](double timeout_s) -> py::object {
-        QueuedRequest req;
+        std::optional<QueuedRequest> req;
         {
           py::gil_scoped_release no_gil;
-          std::unique_lock<std::mutex> lock(g_requests_mutex);
-          if (!g_requests_ready.wait_for(lock, std::chrono::duration<double>(timeout_s),
-                                         [] { return g_stopping || !requests().empty(); }) ||
-              g_stopping) {
-            return py::none();
-          }
-          req = std::move(requests().front());
-          requests().pop_front();
-          g_in_flight.fetch_add(1);
+          req = compile_queue().take(timeout_s);
         }
-        {
-          std::lock_guard<std::mutex> lock(g_graphs_mutex);
-          pending_graphs()[req.graph->id] = req.graph;
-        }
-        return py::cast(to_python(req));
+        if (!req) return py::none();
+        return py::cast(to_python(*req));
       },
       py::arg("timeout_s"), "The next graph to compile (a CompileRequest; waits up to timeout_s), or None.");
-  m.def("stop_compiler", []() {
-    {
-      std::lock_guard<std::mutex> lock(g_requests_mutex);
-      g_stopping = true;
-    }
-    g_requests_ready.notify_all();
-  });
-  m.def("compiler_stopping", []() {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    return g_stopping;
-  });
-  m.def("pending_compiles", []() {
-    std::lock_guard<std::mutex> lock(g_requests_mutex);
-    return static_cast<int64_t>(requests().size()) + g_in_flight.load();
-  });
+  m.def("stop_compiler", []() { compile_queue().stop(); });
+  m.def("compiler_stopping", []() { return compile_queue().stopping(); });
+  m.def("pending_compiles", []() { return compile_queue().pending(); });
   m.def("install_compiled", [](int64_t graph_id, py::object fn, std::string error, double seconds) {
-    std::shared_ptr<Graph> g;
-    {
-      std::lock_guard<std::mutex> lock(g_graphs_mutex);
-      auto it = pending_graphs().find(graph_id);
-      g_in_flight.fetch_sub(1);
-      if (it == pending_graphs().end()) return false;
-      g = it->second.lock();
-      pending_graphs().erase(it);
-    }
+    std::shared_ptr<Graph> g = compile_queue().finish(graph_id);
     if (!g) return false;
     auto& c = counters();
     c.compile_ns.fetch_add(static_cast<uint64_t>(seconds * 1e9));

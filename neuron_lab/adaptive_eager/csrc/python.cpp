@@ -12,6 +12,10 @@
 namespace py = pybind11;
 
 namespace neuron::lazy {
+
+// The compile queue's bindings (compile_queue.cpp).
+void register_compile_bindings(py::module& m);
+
 namespace {
 
 void register_bindings(py::module& m) {
