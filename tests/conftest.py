@@ -20,6 +20,16 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _recording() -> None:
+    """Each test starts recording ops: an earlier test's varied shapes (graphs that never
+    repeated) would otherwise have the runtime run ops at once (configure's
+    run_unrepeated_at_once), which tests of fused graphs do not expect."""
+    import neuron_lab.adaptive_eager as ae
+
+    ae.forget_repeats()
+
+
 # ---- a real IPython shell (tests of the Jupyter layer) -----------------------------------
 
 

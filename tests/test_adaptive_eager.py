@@ -916,7 +916,7 @@ def test_a_session_of_varied_shapes_keeps_the_cache_and_explanations_bounded() -
     """A notebook run a few dozen times with new shapes each time must not grow without
     bound: the cache holds graph_cache_size graphs, and why-slow explanations still name
     the recent graphs."""
-    neuron_lab.configure(graph_cache_size=16)
+    neuron_lab.configure(graph_cache_size=16, run_unrepeated_at_once=False)  # every shape records
     ae.clear_graph_cache()
     for n in range(200):
         x = torch.randn(n + 1, device="neuron")
@@ -924,6 +924,35 @@ def test_a_session_of_varied_shapes_keeps_the_cache_and_explanations_bounded() -
         assert y.item() == pytest.approx((x.cpu() * 2).relu().sum().item(), rel=1e-5, abs=1e-5)
     assert len(ae.graphs()) == 16
     assert ae.counters()["graphs_evicted"] >= 200 - 16
+    neuron_lab.configure(graph_cache_size=1024, run_unrepeated_at_once=True)
+
+
+def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_they_do() -> None:
+    """generate() grows its KV cache every step: no graph repeats, and building each costs more
+    than fusing saves. The runtime then runs ops at once (the same kernels: the same numbers),
+    and records again once a probe finds a repeating graph."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(8, 8, device="neuron")
+    for n in range(1, 61):  # every step a new length: 60 new graphs if recorded
+        x = torch.randn(n, 8, device="neuron")
+        y = torch.tanh(x @ w) * 2 + 1
+        assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)  # bit for bit
+        y.sum().item()
+    c = ae.counters()
+    assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
+    assert c["graphs_built"] < 50, c["graphs_built"]  # the first stretch, then probes only
+    events = [e for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    assert events and events[-1].what == "ops run at once" and "repeated" in events[-1].detail
+    x = torch.randn(4, 8, device="neuron")
+    for _ in range(80):  # now the same step every time: a probe hits, recording resumes
+        (torch.tanh(x @ w) * 2 + 1).sum().item()
+    c = ae.counters()
+    assert not c["graphs_unrepeated"] and c["cache_hits"] > 0
+    before = c["ops_run_at_once"]
+    for _ in range(10):
+        (torch.tanh(x @ w) * 2 + 1).sum().item()
+    assert ae.counters()["ops_run_at_once"] == before  # recorded and fused again
 
 
 # ---- tiled replay -------------------------------------------------------------------------

@@ -70,6 +70,7 @@ def configure(
     capture_source: Optional[bool] = None,
     graph_cache_size: Optional[int] = None,
     idle_flush_ops: Optional[int] = None,
+    run_unrepeated_at_once: Optional[bool] = None,
 ) -> dict:
     """Sets knobs of adaptive eager; returns the resulting policy.
 
@@ -90,6 +91,11 @@ def configure(
     capture_source: record each op's user source line (for errors and the profiler).
     graph_cache_size: graphs the cache holds at most; beyond, the least recently used
         is evicted (default 1024; ``counters()["graphs_evicted"]`` counts them).
+    run_unrepeated_at_once: when none of the last 32 graphs repeated (``generate()``,
+        whose shapes grow every step), building graphs costs more than fusing saves: ops
+        then run at once on the calling thread while the device is idle, with the same
+        kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
+        and a recorded stretch every 16 host waits finds out when graphs repeat again).
     """
     current = _native.policy()
     new = {
@@ -100,6 +106,8 @@ def configure(
         "capture_source": current["capture_source"] if capture_source is None else bool(capture_source),
         "graph_cache_size": current["graph_cache_size"] if graph_cache_size is None else int(graph_cache_size),
         "idle_flush_ops": current["idle_flush_ops"] if idle_flush_ops is None else int(idle_flush_ops),
+        "run_unrepeated_at_once": (current["run_unrepeated_at_once"] if run_unrepeated_at_once is None
+                                   else bool(run_unrepeated_at_once)),
     }
     if new["max_ops"] < 1:
         raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
@@ -116,7 +124,8 @@ def configure(
 
         compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
-                      new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"])
+                      new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"],
+                      new["run_unrepeated_at_once"])
     return policy()
 
 

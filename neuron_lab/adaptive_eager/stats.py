@@ -6,7 +6,7 @@ from __future__ import annotations
 from neuron_lab.adaptive_eager._native import native as _native
 from neuron_lab.device.trace import Reason
 
-__all__ = ["counters", "reset_counters", "graphs", "clear_graph_cache", "flush", "synchronize_all", "queue_depth"]
+__all__ = ["counters", "reset_counters", "graphs", "clear_graph_cache", "flush", "synchronize_all", "queue_depth", "forget_repeats"]
 
 
 def counters() -> dict:
@@ -56,6 +56,13 @@ def synchronize_all(reason: Reason = Reason.SYNCHRONIZE) -> None:
     Unlike ``torch.neuron.synchronize(device)``, which waits for one core, this covers
     every core."""
     _native.synchronize_all(reason)
+
+
+def forget_repeats() -> None:
+    """Forgets whether recent graphs repeated, so ops are recorded again at once (after a
+    phase of shapes that change every step, e.g. ``generate()``, the runtime otherwise runs
+    ops at once until a recorded probe repeats a cached graph; see ``configure``)."""
+    _native.forget_repeats()
 
 
 def queue_depth(device: int = 0, stream_id: int = 0) -> int:

@@ -62,8 +62,40 @@ struct Policy {
   std::atomic<bool> compile{false};
   std::atomic<bool> capture_source{true};        // user source line per op
   std::atomic<int64_t> graph_cache_size{1024};   // graphs cached at most (least recently used evicted)
+  // When recent graphs never repeat (generate(): the KV cache grows every step), building
+  // each costs more than fusing saves: ops then run at once on the calling thread while
+  // the device is idle and nothing is buffered, as blocking mode runs them (RepeatTracker).
+  std::atomic<bool> run_unrepeated_at_once{true};
 };
 Policy& policy();
+
+// Whether the graphs the runtime builds repeat. It watches the last kWindow graph
+// launches; when none of them was a cache hit, nothing repeats and ops run at once
+// (Policy::run_unrepeated_at_once). Every kProbeEvery host waits it records the next
+// stretch of ops again (a probe, starting at a natural boundary): a probe that hits a
+// cached graph means the program repeats again, and recording resumes.
+class RepeatTracker {
+ public:
+  static constexpr int kWindow = 32;
+  static constexpr int kProbeEvery = 16;
+  // A graph launch: whether its graph came from the cache.
+  void note_graph_launch(bool hit);
+  // The host waited for the device (a natural boundary for a probe).
+  void note_host_wait();
+  // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
+  bool run_at_once() const { return unrepeated_.load(std::memory_order_relaxed) && !probing_.load(std::memory_order_relaxed); }
+  bool unrepeated() const { return unrepeated_.load(std::memory_order_relaxed); }
+  void reset();
+
+ private:
+  std::mutex mutex_;
+  uint64_t window_ = 0;  // hit bits of the last launches, newest lowest
+  int seen_ = 0;         // launches in the window (up to kWindow)
+  int waits_ = 0;        // host waits since the last probe
+  std::atomic<bool> unrepeated_{false};
+  std::atomic<bool> probing_{false};
+};
+RepeatTracker& repeats();
 
 // Counters for every decision the runtime takes.
 struct Counters {
@@ -71,7 +103,7 @@ struct Counters {
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
-      tiled_runs{0}, tiled_ops{0};
+      tiled_runs{0}, tiled_ops{0}, ops_run_at_once{0};
   std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
   std::mutex mutex;
   std::map<std::string, uint64_t> syncs;  // by trigger: the op that waited, else the reason's words

@@ -36,8 +36,10 @@ void register_bindings(py::module& m) {
   });
   m.def("get_mode", []() { return static_cast<int>(mode()); });
   m.def("configure", [](int64_t max_ops, int64_t idle_flush_bytes, int64_t compile_after, bool compile,
-                        bool capture_source, int64_t graph_cache_size, int64_t idle_flush_ops) {
+                        bool capture_source, int64_t graph_cache_size, int64_t idle_flush_ops,
+                        bool run_unrepeated_at_once) {
     auto& p = policy();
+    p.run_unrepeated_at_once = run_unrepeated_at_once;
     p.idle_flush_ops = idle_flush_ops;
     p.max_ops = max_ops;
     p.idle_flush_bytes = idle_flush_bytes;
@@ -56,6 +58,7 @@ void register_bindings(py::module& m) {
     d["capture_source"] = p.capture_source.load();
     d["graph_cache_size"] = p.graph_cache_size.load();
     d["idle_flush_ops"] = p.idle_flush_ops.load();
+    d["run_unrepeated_at_once"] = p.run_unrepeated_at_once.load();
     return d;
   });
   m.def("counters", []() {
@@ -81,6 +84,8 @@ void register_bindings(py::module& m) {
     d["graphs_evicted"] = c.graphs_evicted.load();
     d["tiled_runs"] = c.tiled_runs.load();
     d["tiled_ops"] = c.tiled_ops.load();
+    d["ops_run_at_once"] = c.ops_run_at_once.load();
+    d["graphs_unrepeated"] = repeats().unrepeated();
     std::lock_guard<std::mutex> lock(c.mutex);
     std::map<std::string, uint64_t> flushes;
     for (int r = 0; r < kReasons; ++r) {
@@ -92,6 +97,8 @@ void register_bindings(py::module& m) {
     return d;
   });
   m.def("reset_counters", []() { counters().reset(); });
+  m.def("forget_repeats", []() { repeats().reset(); },
+        "Forgets whether recent graphs repeated: recording resumes at once.");
   m.def("graphs", []() {
     py::list out;
     for (const auto& g : graph_infos()) {

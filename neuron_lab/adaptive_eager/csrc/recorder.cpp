@@ -38,6 +38,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 namespace neuron::lazy {
 
@@ -77,13 +78,57 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops}) {
+                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops, &ops_run_at_once}) {
     c->store(0);
   }
   for (auto& c : flushes) c.store(0);
   std::lock_guard<std::mutex> lock(mutex);
   syncs.clear();
   inline_by_op.clear();
+}
+
+// ---- do graphs repeat? ---------------------------------------------------------------------
+
+void RepeatTracker::note_graph_launch(bool hit) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
+  seen_ = std::min(seen_ + 1, kWindow);
+  probing_ = false;  // a probe ends with its first launch
+  const bool unrepeated = seen_ == kWindow && window_ == 0;
+  if (unrepeated != unrepeated_.load()) {
+    unrepeated_ = unrepeated;
+    trace::Event e;
+    e.time_ns = trace::now_ns();
+    e.kind = "policy";
+    e.what = unrepeated ? "ops run at once" : "ops recorded again";
+    e.detail = unrepeated ? "none of the last " + std::to_string(kWindow) +
+                                " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
+                                "than fusing saves: ops run at once while the device is idle"
+                          : "a recorded stretch of ops repeated a cached graph";
+    e.source = trace::capture();
+    trace::log_event(std::move(e));
+  }
+}
+
+void RepeatTracker::note_host_wait() {
+  if (!unrepeated_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (++waits_ >= kProbeEvery) {
+    waits_ = 0;
+    probing_ = true;
+  }
+}
+
+void RepeatTracker::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  window_ = 0;
+  seen_ = waits_ = 0;
+  unrepeated_ = probing_ = false;
+}
+
+RepeatTracker& repeats() {
+  static auto* tracker = new RepeatTracker();
+  return *tracker;
 }
 
 // ---- the outputs a structured kernel just made ---------------------------------------
@@ -158,6 +203,9 @@ class BufferRegistry {
   std::unordered_map<StreamState*, std::unique_ptr<Buffer>> buffers_;
 };
 
+// Records buffered on every stream together: zero means no op waits to be launched.
+std::atomic<int64_t> g_buffered_records{0};
+
 BufferRegistry& buffers() {
   static auto* registry = new BufferRegistry();  // leaked: device threads may flush at exit
   return *registry;
@@ -182,6 +230,8 @@ void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   if (b.records.empty()) return;
   std::vector<Record> records;
   records.swap(b.records);
+  g_buffered_records.fetch_sub(static_cast<int64_t>(records.size()), std::memory_order_relaxed);
+  b.records.reserve(records.size());  // the next buffer is likely as long: no regrowth per op
   b.bytes = 0;
   b.first_checked = false;
   counters().count_flush(reason);
@@ -263,6 +313,8 @@ thread_local bool tl_in_torch_compile_graph = false;  // see set_recording_torch
 // Why the last op this thread could not record runs inline (for explain()).
 thread_local const char* tl_inline_why = nullptr;
 thread_local const std::string* tl_inline_why_string = nullptr;
+// try_record let the op run at once (RepeatTracker): its host access is not a fusion boundary.
+thread_local bool tl_run_at_once = false;
 
 // Adds the host time of one try_record call to the tracing total.
 struct RecordTimer {
@@ -315,6 +367,16 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!scan.ok) return refuse("it mixes devices or reads host memory");
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
+  // Graphs do not repeat: with nothing buffered and the device idle, the op runs at once,
+  // on this thread, as blocking mode runs it (the same CPU kernel: the same numbers).
+  if (repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
+      policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
+      g_buffered_records.load(std::memory_order_relaxed) == 0 &&
+      stream_idle(stream_state(current_stream(scan.device)))) {
+    tl_run_at_once = true;
+    counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
 
   MetaPtr meta;
   if (cls.functional || !scan.out_args_fresh) {
@@ -409,6 +471,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   b.bytes += r.written_bytes;
   r.record_ns = trace::now_ns() - timer.start;
   b.records.push_back(std::move(r));
+  g_buffered_records.fetch_add(1, std::memory_order_relaxed);
   const bool per_op = mode() == Mode::Eager || at::globalContext().deterministicAlgorithms();
   if (per_op) {
     flush_locked(b, s, Reason::Eager);
@@ -466,9 +529,23 @@ bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) {
   return try_record(copy, &stack);
 }
 
-void note_sync(Reason reason, std::string_view what) { counters().count_sync(reason, what); }
+void note_sync(Reason reason, std::string_view what) {
+  counters().count_sync(reason, what);
+  repeats().note_host_wait();
+}
 
 void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) {
+  if (std::exchange(tl_run_at_once, false) && g_buffered_records.load(std::memory_order_relaxed) == 0) {
+    // Nothing is buffered and this stream was idle: only launches of other streams may
+    // still use these tensors.
+    for (const auto& t : tensors) {
+      if (!on_device(t)) continue;
+      wait_for_storage(t.storage());
+      materialize(t.storage());
+    }
+    return;
+  }
+  repeats().note_host_wait();
   const std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
   auto& c = counters();
   c.inline_ops.fetch_add(1, std::memory_order_relaxed);

@@ -121,6 +121,27 @@ const CachedCode& lookup(PyCodeObject* code) {
   return slot;
 }
 
+// Per thread, the line of the instructions seen last (a loop issues its ops from the same
+// few): decoding a line table costs more than the rest of the walk. An entry is valid for
+// the same code object (address, line table) and instruction.
+struct CachedLine {
+  PyCodeObject* code = nullptr;
+  PyObject* linetable = nullptr;
+  int lasti = -1;
+  int line = 0;
+};
+constexpr size_t kCachedLines = 512;
+thread_local std::array<CachedLine, kCachedLines> tl_lines;
+
+int cached_line(PyCodeObject* code, int lasti) {
+  auto& slot = tl_lines[((reinterpret_cast<uintptr_t>(code) >> 4) ^ static_cast<uintptr_t>(lasti) * 2654435761u) %
+                        kCachedLines];
+  if (slot.code == code && slot.lasti == lasti && slot.linetable == code->co_linetable) return slot.line;
+  slot = {code, code->co_linetable, lasti,
+          PyCode_Addr2Line(code, lasti * static_cast<int>(sizeof(_Py_CODEUNIT)))};
+  return slot.line;
+}
+
 }  // namespace
 
 void set_library_prefixes(std::vector<std::string> prefixes) {
@@ -140,9 +161,7 @@ Source capture() {
   Source innermost;
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr || ts->cframe == nullptr) return {};
-  auto line_of = [](_PyInterpreterFrame* f) {
-    return PyCode_Addr2Line(f->f_code, _PyInterpreterFrame_LASTI(f) * static_cast<int>(sizeof(_Py_CODEUNIT)));
-  };
+  auto line_of = [](_PyInterpreterFrame* f) { return cached_line(f->f_code, _PyInterpreterFrame_LASTI(f)); };
   _PyInterpreterFrame* frame = ts->cframe->current_frame;
   _PyInterpreterFrame* first = nullptr;
   int32_t first_id = -1;
