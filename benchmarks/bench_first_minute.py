@@ -301,7 +301,8 @@ def generation(rounds: int, table: list, raw: dict) -> None:
 def _to_steady(times: list[float]) -> tuple[float, float]:
     """(steady step time, seconds from the first step until steps stay within 1.2x of it)."""
     steady = _median(times[-10:])
-    settled = next(i for i in range(len(times)) if all(t <= 1.2 * steady for t in times[i:]))
+    # The first step from which every step stays within 1.2x (none, if the last one does not).
+    settled = next((i for i in range(len(times)) if all(t <= 1.2 * steady for t in times[i:])), len(times))
     return steady, sum(times[:settled])
 
 
