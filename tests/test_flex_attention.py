@@ -117,6 +117,7 @@ def test_eager_flex_attention_equals_the_reference(mask_name, score_mod, gqa) ->
 @pytest.mark.parametrize("launch", ["async", "inline"])
 @pytest.mark.parametrize(("mask_name", "score_mod", "gqa"), [CASES[1], CASES[4]], ids=[CASE_IDS[1], CASE_IDS[4]])
 def test_compiled_flex_attention_equals_the_reference(launch, mask_name, score_mod, gqa) -> None:
+    torch._dynamo.reset()  # compile afresh: another test may have compiled flex_attention with other options
     before = len(compiled_graphs())
     compiled = torch.compile(flex_attention, backend="neuron", fullgraph=True, options={"neuron.launch": launch})
     check_against_reference(compiled, mask_name, score_mod, gqa)
@@ -130,6 +131,7 @@ def test_default_torch_compile_runs_flex_attention_on_neuron() -> None:
     """torch.compile's default backend (TorchInductor) on neuron tensors: what Hugging Face
     does with FlexAttention (the block mask is compiled too, from a graph with no tensor
     inputs, only device="neuron" factory calls)."""
+    torch._dynamo.reset()  # compile afresh: another test may have compiled flex_attention for the neuron backend
     before = len(compiled_graphs())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
