@@ -6,7 +6,6 @@
 // its structure and enqueues one launch on the stream, which the stream's device
 // thread executes (execute.h), and notes which storages the launch uses
 // (storage_state.h), so that a host access waits for exactly those launches.
-#include "adaptive_eager.h"
 #include "execute.h"
 #include "storage_state.h"
 
@@ -18,12 +17,7 @@
 #include <c10/core/impl/PyObjectSlot.h>
 
 #include <algorithm>
-#include <chrono>
-#include <optional>
-#include <cstring>
-#include <sstream>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace neuron::lazy {
 
