@@ -331,6 +331,7 @@ bool refuse(const char* why) {
 
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   forget_lesson();  // a lesson belongs to the call that set it, and no later one
+  tl_run_at_once = false;  // so is a decision to run at once (the op may have failed before its host access)
   if (mode() == Mode::Blocking || on_device_thread()) return refuse(nullptr);
   RecordTimer timer;
   const OpClass& cls = classify(op);
