@@ -143,3 +143,19 @@ def test_untyped_storage_uses_the_allocator() -> None:
     assert s.device.type == "neuron"
     assert torch.neuron.memory_allocated() - base == 1024
     del s
+
+
+def test_a_storage_freed_with_resize_and_regrown_keeps_the_process_alive() -> None:
+    """FSDP2 frees unsharded parameters with ``untyped_storage().resize_(0)`` and regrows
+    them before the all-gather. A storage still pending in adaptive eager (its values not
+    yet computed) used to shrink without computing them, and the recorded op then wrote
+    past the end of the empty storage: a segfault."""
+    t = torch.randn(4, 4, device="neuron")  # pending: recorded, not launched
+    storage = t.untyped_storage()
+    nbytes = storage.nbytes()
+    storage.resize_(0)
+    assert storage.nbytes() == 0
+    storage.resize_(nbytes)
+    assert storage.nbytes() == nbytes
+    t.copy_(torch.ones(4, 4))
+    assert torch.equal(t.cpu(), torch.ones(4, 4))
