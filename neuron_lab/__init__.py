@@ -11,10 +11,12 @@ from neuron_lab.device import register as _register
 _register()
 
 from neuron_lab import adaptive_eager as _adaptive_eager  # noqa: E402
+from neuron_lab import distributed as _distributed  # noqa: E402
 from neuron_lab import integrations as _integrations  # noqa: E402
 from neuron_lab.device.registration import on_first_use as _on_first_use  # noqa: E402
 
 _adaptive_eager.start()  # the runtime that records ops on the device
+_distributed.register_backend()  # init_process_group("neuron")
 _integrations.install_at_import()
 _on_first_use(_integrations.install_on_first_use)
 

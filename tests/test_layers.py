@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_CSRC = ROOT / "neuron_lab" / "device" / "csrc"
 # What lies above the device: the runtime, the workbench and their top-level shims.
-UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "metrics",
+UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "distributed", "metrics",
                   "profiler")
 
 

@@ -59,6 +59,7 @@ _HOST_READS = {Reason.HOST_READ, Reason.COPY_TO_HOST}
 _BY_DESIGN = {
     Reason.COMPILED_GRAPH: "a torch.compile graph: one launch by design",
     Reason.CUSTOM_KERNEL: "a custom kernel (neuron_lab.kernels): a fusion boundary by design",
+    Reason.COLLECTIVE: "a torch.distributed collective: a fusion boundary by design",
 }
 
 

@@ -13,6 +13,7 @@ const char* reason_name(Reason reason) {
     case Reason::MetadataChange: return "metadata change";
     case Reason::CustomKernel: return "custom kernel";
     case Reason::CompiledGraph: return "compiled graph";
+    case Reason::Collective: return "collective";
     case Reason::Synchronize: return "synchronize";
     case Reason::EventSynchronize: return "event synchronize";
     case Reason::EventRecord: return "event record";

@@ -21,6 +21,7 @@ enum class Reason : uint8_t {
   MetadataChange,    // resize_, set_, transpose_, ...: launches read metadata when they run
   CustomKernel,      // a neuron_lab.kernels kernel: one launch by design
   CompiledGraph,     // a torch.compile graph run as one launch
+  Collective,        // a torch.distributed collective: one launch, the ranks' data meet on the host
   // The user's code orders or waits for the device.
   Synchronize,
   EventSynchronize,

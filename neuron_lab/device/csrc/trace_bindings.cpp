@@ -74,6 +74,7 @@ void register_trace_bindings(py::module& m) {
   reason.value("METADATA_CHANGE", Reason::MetadataChange);
   reason.value("CUSTOM_KERNEL", Reason::CustomKernel);
   reason.value("COMPILED_GRAPH", Reason::CompiledGraph);
+  reason.value("COLLECTIVE", Reason::Collective);
   reason.value("SYNCHRONIZE", Reason::Synchronize);
   reason.value("EVENT_SYNCHRONIZE", Reason::EventSynchronize);
   reason.value("EVENT_RECORD", Reason::EventRecord);
