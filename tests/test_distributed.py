@@ -12,3 +12,21 @@ def test_two_ranks_all_reduce_pending_tensors_on_their_own_cores() -> None:
         assert rep["backend"] == "neuron"
         assert rep["sum"] == [world * v for v in (1.0, 2.0, 3.0, 4.0)]
         assert rep["device"] == f"neuron:{rank}"
+
+
+def test_the_profiler_explain_and_the_trace_show_collectives_with_their_bytes() -> None:
+    reports = run_on_ranks(SCRIPTS / "observe.py", nproc=2)
+    for rep in reports:
+        assert rep["total"] == 512 * 4.0
+        # all_reduce of 1 KiB moves it once (ring bus bytes 2 (n-1)/n); the gather takes 1 KiB, gives 2 KiB.
+        assert rep["collectives"] == [["all_reduce", 1024, 1024, 2], ["all_gather_into_tensor", 2048, 1024, 2]]
+        assert rep["trace"] == [["all_reduce", 1024], ["all_gather_into_tensor", 2048]]
+        assert "Collectives" in rep["table"] and "all_gather_into_tensor" in rep["table"]
+        assert "neuron-collectives" in rep["html"]
+        assert "collectives (2: 3.0 KiB moved" in rep["explain"]
+        assert "2 collectives (3.0 KiB" in rep["summary"]
+        assert rep["collective_lane"] in rep["lanes"]
+        # Each collective is one launch of the stream, on the host's thread.
+        assert rep["inline_launches"].count("c10d::all_reduce") == 1
+        assert rep["inline_launches"].count("c10d::all_gather_into_tensor") == 1
+        assert "COLLECTIVE" in rep["by_design_waits"]

@@ -25,6 +25,8 @@ from neuron_lab.device import trace
 from neuron_lab.device.trace import Reason
 from neuron_lab.device.core import device_count
 from neuron_lab.device.units import format_bytes  # re-exported: the unit of the reports
+from neuron_lab.distributed.records import CollectiveRecord
+from neuron_lab.observability.collectives import collectives_between, collectives_html, collectives_text
 from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
 
 __all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
@@ -115,6 +117,7 @@ class Explanation:
     peak_bytes: int = 0
     memory_delta_bytes: int = 0
     events: list[Event] = field(default_factory=list)
+    collectives: list[CollectiveRecord] = field(default_factory=list)  # torch.distributed on neuron
     label: str = "region"
 
     # ---- derived ------------------------------------------------------------------------------
@@ -173,7 +176,20 @@ class Explanation:
         parts.append(f"{self.syncs} syncs" + (f" ({format_seconds(self.sync_wait_s)})" if self.syncs else ""))
         parts.append(f"peak {format_bytes(self.peak_bytes)} ({'+' if self.memory_delta_bytes >= 0 else ''}"
                      f"{format_bytes(self.memory_delta_bytes)})")
+        if self.collectives:
+            parts.append(f"{len(self.collectives)} collectives ({format_bytes(self.collective_bytes)}, "
+                         f"{format_seconds(self.collective_s)})")
         return "neuron: " + " | ".join(parts)
+
+    @property
+    def collective_bytes(self) -> int:
+        """Bytes this rank's collectives moved in the region."""
+        return sum(r.bytes_moved for r in self.collectives)
+
+    @property
+    def collective_s(self) -> float:
+        """Seconds the region spent in collectives."""
+        return sum(r.duration_ns for r in self.collectives) / 1e9
 
     # ---- findings -----------------------------------------------------------------------------
     def _grouped(self, events: list[Event]) -> list[tuple[Reason, str, str, int, float]]:
@@ -230,6 +246,10 @@ class Explanation:
             why = {e.what: e.detail for e in self.inline_events}
             for _, what, line, count, _ in self._grouped(self.inline_events)[:10]:
                 lines.append(f"    {count} x {what} at {line}: {why[what]}")
+        if self.collectives:
+            lines.append(f"  collectives ({len(self.collectives)}: {format_bytes(self.collective_bytes)} moved, "
+                         f"{format_seconds(self.collective_s)}):")
+            lines.extend("    " + line for line in collectives_text(self.collectives).splitlines())
         compiles = self._of("compile", "compile_failed", "compiled_fallback")
         if compiles:
             lines.append(f"  compiles ({len(compiles)}):")
@@ -284,6 +304,8 @@ class Explanation:
         out.append(section("Ops run inline (not fused)", [(str(n), w, line, why[w])
                                                          for _, w, line, n, _ in self._grouped(self.inline_events)],
                            ("count", "op", "line", "why")))
+        if self.collectives:
+            out.append("<h4>Collectives</h4>" + collectives_html(self.collectives))
         advice = self.advice()
         if advice:
             out.append("<h4>Advice</h4><ul>" + "".join(f"<li>{esc(a)}</li>" for a in advice) + "</ul>")
@@ -342,6 +364,7 @@ class explain_scope:
         e.host_tracing_s = (end["record_ns"] - start["record_ns"]) / 1e9
         e.sync_wait_s = (end["wait_ns"] - start["wait_ns"]) / 1e9
         e.events = events_since(self._start_ns, end_ns)
+        e.collectives = collectives_between(self._start_ns, end_ns)
         # Compiles run in the background: count those that finished in the region.
         compiles = [x for x in e.events if x.kind in ("compile", "compile_failed")]
         e.compiles = len(compiles)

@@ -20,7 +20,7 @@ __all__ = ["chrome_trace", "write_chrome_trace", "launch_table", "op_table", "wr
 PathLike = Union[str, "os.PathLike[str]"]
 
 HOST_PID = 0
-HOST_TID, COMPILER_TID = 0, 1
+HOST_TID, COMPILER_TID, COLLECTIVES_TID = 0, 1, 2
 
 
 def _device_pid(device: int) -> int:
@@ -39,6 +39,14 @@ def chrome_trace(profile: "Profile") -> dict:
     meta(HOST_PID, HOST_TID, "process_name", "host")
     meta(HOST_PID, HOST_TID, "thread_name", "host (user's thread)")
     meta(HOST_PID, COMPILER_TID, "thread_name", "background compiler")
+    if profile.collectives:
+        meta(HOST_PID, COLLECTIVES_TID, "thread_name", "collectives (torch.distributed)")
+    for c in profile.collectives:
+        events.append({"ph": "X", "pid": HOST_PID, "tid": COLLECTIVES_TID, "name": c.name, "cat": "collective",
+                       "ts": us(c.start_ns), "dur": max(c.duration_ns / 1000.0, 0.001),
+                       "args": {"bytes_moved": c.bytes_moved, "bus_bytes": c.bus_bytes, "group": c.group,
+                                "group_size": c.group_size, "rank": c.rank, "device": c.device,
+                                "waiting_for_device_us": c.wait_ns / 1000.0}})
     devices = sorted({l.device for l in profile.launches} | {s.device for s in profile.memory})
     streams = sorted({(l.device, l.stream) for l in profile.launches})
     for d in devices:

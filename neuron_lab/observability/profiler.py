@@ -36,6 +36,7 @@ class Profile:
     def __init__(self, launches: list[Launch], events: list[Event], memory: list[MemorySample], start_ns: int,
                  end_ns: int, explanation: Explanation) -> None:
         self.launches = launches
+        self.collectives = explanation.collectives  # torch.distributed collectives of this rank
         self.events = events
         self.memory = memory
         self.start_ns = start_ns
@@ -50,7 +51,7 @@ class Profile:
         """Launches per graph / kernel and ops per name: count, host time, device time,
         share of the device time. ``sort_by``: device_time, host_time, count or name;
         ``top``: rows per section (0: all)."""
-        return ProfileTable(self.launches, sort_by=sort_by, top=top)
+        return ProfileTable(self.launches, sort_by=sort_by, top=top, collectives=self.collectives)
 
     def timeline(self):
         """A matplotlib Figure: a lane per stream per core and the host lane."""
@@ -139,6 +140,7 @@ class profile:
         events = events_since(raw["start_ns"], raw["end_ns"])
         result = self.result if self.result is not None else Profile([], [], [], 0, 0, self._scope.explanation)
         result.launches, result.events, result.memory = launches, events, memory
+        result.collectives = self._scope.explanation.collectives
         result.start_ns, result.end_ns = raw["start_ns"], raw["end_ns"]
         self.result = result
         if error is not None:

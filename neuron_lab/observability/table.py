@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from neuron_lab.device.units import format_bytes
+from neuron_lab.distributed.records import CollectiveRecord
+from neuron_lab.observability.collectives import collectives_html, collectives_text
 from neuron_lab.observability.explain import format_seconds
 from neuron_lab.observability.records import Launch, format_source
 
@@ -101,7 +103,8 @@ def _with_shares(rows: list[Row]) -> list[Row]:
 class ProfileTable:
     """Launches per graph and ops per name, sorted; text via ``str()``, HTML in notebooks."""
 
-    def __init__(self, launches: Sequence[Launch], sort_by: str = "device_time", top: int = 20) -> None:
+    def __init__(self, launches: Sequence[Launch], sort_by: str = "device_time", top: int = 20,
+                 collectives: Sequence[CollectiveRecord] = ()) -> None:
         if sort_by not in SORT_KEYS:
             raise ValueError(f"sort_by={sort_by!r} is not a column to sort by; use one of {', '.join(SORT_KEYS)}")
         if not isinstance(top, int) or top < 0:
@@ -112,6 +115,7 @@ class ProfileTable:
         self.total_launch_rows, self.total_op_rows = len(all_launches), len(all_ops)
         self.launch_rows = _sorted(all_launches, sort_by, top)
         self.op_rows = _sorted(all_ops, sort_by, top)
+        self.collectives = list(collectives)
 
     # ---- text -------------------------------------------------------------------------------
     _LAUNCH_COLUMNS = ("graph / kernel", "kind", "count", "ops", "host", "device", "share", "tier", "memory", "line")
@@ -146,6 +150,8 @@ class ProfileTable:
                  self._footer(len(self.launch_rows), self.total_launch_rows), "",
                  "Ops", self._text_table(self._OP_COLUMNS, [self._op_cells(r) for r in self.op_rows]),
                  self._footer(len(self.op_rows), self.total_op_rows)]
+        if self.collectives:
+            parts += ["", "Collectives", collectives_text(self.collectives)]
         return "\n".join(parts)
 
     def __repr__(self) -> str:
@@ -181,4 +187,6 @@ class ProfileTable:
                 + "<b>Ops</b>"
                 + self._html_table(self._OP_COLUMNS, [self._op_cells(r) for r in self.op_rows],
                                    [r.share for r in self.op_rows])
-                + f"<small>{html.escape(self._footer(len(self.op_rows), self.total_op_rows))}</small></div>")
+                + f"<small>{html.escape(self._footer(len(self.op_rows), self.total_op_rows))}</small>"
+                + (f"<br><b>Collectives</b>{collectives_html(self.collectives)}" if self.collectives else "")
+                + "</div>")

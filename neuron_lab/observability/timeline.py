@@ -14,11 +14,12 @@ from matplotlib.patches import Patch
 if TYPE_CHECKING:
     from neuron_lab.observability.profiler import Profile
 
-__all__ = ["timeline_figure", "memory_figure", "LANE_HOST", "LANE_COMPILER"]
+__all__ = ["timeline_figure", "memory_figure", "LANE_HOST", "LANE_COMPILER", "LANE_COLLECTIVES"]
 
 LANE_HOST = "host"
 LANE_COMPILER = "compiler"
-_COLORS = {"replay": "#4c72b0", "compiled": "#55a868", "op": "#8172b2", "inline": "#dd8452", "event": "#999999",
+LANE_COLLECTIVES = "collectives"
+_COLORS = {"collective": "#da8bc3", "replay": "#4c72b0", "compiled": "#55a868", "op": "#8172b2", "inline": "#dd8452", "event": "#999999",
            "wait": "#cccccc", "sync": "#c44e52", "compile": "#937860", "enqueue": "#bbbbbb"}
 _MAX_ARROWS = 300
 
@@ -27,6 +28,8 @@ def lanes(profile: "Profile") -> list[str]:
     """Lane names, top to bottom: the host, then a lane per stream per core, then the compiler."""
     streams = sorted({(l.device, l.stream) for l in profile.launches if l.kind != "inline"})
     out = [LANE_HOST] + [f"neuron:{d} stream {s}" for d, s in streams]
+    if getattr(profile, "collectives", None):
+        out.append(LANE_COLLECTIVES)
     if any(e.kind in ("compile", "compile_failed") for e in profile.events):
         out.append(LANE_COMPILER)
     return out
@@ -65,6 +68,8 @@ def timeline_figure(profile: "Profile", width: float = 11.0) -> Figure:
             bar(LANE_HOST, e.time_ns, e.duration_ns, _COLORS["sync"], 0.6)
         elif e.kind in ("compile", "compile_failed") and LANE_COMPILER in row:
             bar(LANE_COMPILER, e.time_ns, e.duration_ns, _COLORS["compile"])
+    for c in getattr(profile, "collectives", ()):  # torch.distributed: this rank's part of each collective
+        bar(LANE_COLLECTIVES, c.start_ns, c.duration_ns, _COLORS["collective"])
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(len(names) - 0.4, -0.6)
     ax.set_xlim(0, max(ms(profile.end_ns), 1e-3))
@@ -73,8 +78,9 @@ def timeline_figure(profile: "Profile", width: float = 11.0) -> Figure:
     ax.grid(axis="x", alpha=0.3)
     ax.legend(handles=[Patch(color=_COLORS[k], label=label) for k, label in (
         ("replay", "graph (replay)"), ("compiled", "graph (compiled)"), ("op", "single op"),
-        ("inline", "inline kernel"), ("sync", "host wait (sync)"), ("compile", "compile"))],
-        loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=6, fontsize="small", frameon=False)
+        ("inline", "inline kernel"), ("sync", "host wait (sync)"), ("compile", "compile"),
+        ("collective", "collective"))],
+        loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7, fontsize="small", frameon=False)
     return fig
 
 
