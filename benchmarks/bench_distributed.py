@@ -165,7 +165,7 @@ def main() -> None:
     for row in results["all_reduce"]["rows"]:
         s, b = row["seconds"], row["bus_gbps"]
         print(f"| {_format_bytes(row['bytes'])} | {s['neuron'] * 1e3:.3f} ms | {s['gloo_cpu'] * 1e3:.3f} ms | "
-              f"{s['neuron'] / s['gloo_cpu']:.2f}x | {b["neuron"]:.3f} | {b["gloo_cpu"]:.3f} |")
+              f"{s['neuron'] / s['gloo_cpu']:.2f}x | {b['neuron']:.3f} | {b['gloo_cpu']:.3f} |")
     print("\n## DDP step: MLP 3 x Linear(512, 512), batch 64 per rank, SGD, fresh processes\n")
     print("| run | first 10 steps (median) | steps 11+ (median) | first step |")
     print("|---|---|---|---|")
