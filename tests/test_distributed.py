@@ -30,3 +30,20 @@ def test_the_profiler_explain_and_the_trace_show_collectives_with_their_bytes() 
         assert rep["inline_launches"].count("c10d::all_reduce") == 1
         assert rep["inline_launches"].count("c10d::all_gather_into_tensor") == 1
         assert "COLLECTIVE" in rep["by_design_waits"]
+
+
+def test_a_collective_that_fails_on_one_rank_before_its_data_moves_fails_on_every_rank() -> None:
+    """The failing rank raises its own error; the others raise at once (not at the
+    timeout) naming that rank; nothing moved, and the group works afterwards."""
+    reports = run_on_ranks(SCRIPTS / "one_rank_fails.py", nproc=2, timeout=300)
+    cases = {"cpu tensor on rank 1": 1, "small output on rank 0": 0, "coalesced": 0}
+    for rank, rep in enumerate(reports):
+        for case, failing in cases.items():
+            kind, message = rep["outcomes"][case]
+            if rank == failing:
+                assert kind == "ValueError", (case, message)
+            else:
+                assert kind == "CollectiveMismatchError", (case, message)
+                assert f"rank {failing} raised an error before the data moved" in message
+        assert rep["first"] == [0.0] * 4  # the coalesced call moved nothing
+        assert rep["after"] == [3.0, 3.0]

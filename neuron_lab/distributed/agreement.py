@@ -36,6 +36,7 @@ class Signature:
     root: int = -1
     input_splits: tuple[int, ...] = ()
     output_splits: tuple[int, ...] = ()
+    failed: bool = False  # this rank raised before the data could move
 
     def encode(self, group_size: int) -> torch.Tensor:
         slots = [_code(self.collective), _dtype_code(self.dtype), self.root]
@@ -43,7 +44,7 @@ class Signature:
         slots += [-1 if self.shape is None else len(shape)] + _padded(shape, _MAX_DIMS)
         if group_size <= 8 and (self.input_splits or self.output_splits):
             slots += [1] + _padded(self.input_splits, 8) + _padded(self.output_splits, 8)
-        return torch.tensor(_padded(slots, _WIDTH), dtype=torch.int64)
+        return torch.tensor(_padded(slots, _WIDTH - 1) + [int(self.failed)], dtype=torch.int64)
 
 
 def _padded(values: Sequence[int], width: int) -> list[int]:
@@ -81,11 +82,20 @@ def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
 
 def agree(gloo: dist.ProcessGroup, signature: Signature, rank: int, group_size: int) -> None:
     """Raises ``CollectiveMismatchError`` on every rank when the ranks' signatures differ
-    (or their all_to_all splits do not pair up)."""
+    (or their all_to_all splits do not pair up), or on the other ranks when a rank failed
+    before the data could move (``signature.failed``: that rank raises its own error)."""
     mine = signature.encode(group_size)
     everyone = [torch.empty_like(mine) for _ in range(group_size)]
     gloo.allgather([everyone], [mine]).wait()
     rows = [e.tolist() for e in everyone]
+    failed = [i for i, r in enumerate(rows) if r[-1] == 1]
+    if failed:
+        if signature.failed:
+            return
+        ranks = ", ".join(str(i) for i in failed)
+        raise CollectiveMismatchError(
+            f"{signature.collective} on a neuron process group of {group_size} ranks: rank {ranks} raised an error "
+            f"before the data moved (its own output says which); nothing was sent, and every rank raised.")
     problem = ""
     first = rows[0]
     if any(r[0] != first[0] for r in rows):

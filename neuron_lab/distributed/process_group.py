@@ -22,6 +22,7 @@ schedules need (``batch_isend_irecv`` posts every send and receive before waitin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,6 +79,29 @@ class _Plan:
     outputs: Any  # what the work's future holds
 
 
+def _together(collective: str) -> Callable[[Callable[..., dist.Work]], Callable[..., dist.Work]]:
+    """Makes a collective fail on every rank when it fails on one before its data moved:
+    an error raised while checking or preparing (a CPU tensor, a wrong output size, an
+    error of the device) still takes part in the ranks' agreement, with a failure flag,
+    so that the other ranks raise instead of waiting for this one until the timeout."""
+
+    def wrap(method: Callable[..., dist.Work]) -> Callable[..., dist.Work]:
+        @functools.wraps(method)
+        def run(self: "NeuronProcessGroup", *args: Any, **kwargs: Any) -> dist.Work:
+            self._agreed = False
+            try:
+                return method(self, *args, **kwargs)
+            except Exception:
+                if not self._agreed:
+                    self._agreed = True
+                    agree(self._gloo, Signature(collective, None, None, failed=True), self._rank, self._size)
+                raise
+
+        return run
+
+    return wrap
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -98,6 +122,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._name = ""
         self._desc = ""
         self._serves_cpu: bool | None = None  # decided at the first CPU tensor
+        self._agreed = False  # whether the current collective's ranks have met (see _together)
 
     # ---- identity (functional collectives and DeviceMesh look groups up by name) ----
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -142,13 +167,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # ---- running one collective --------------------------------------------------
     def _run(self, plan: _Plan, issue: Callable[[list[torch.Tensor], list[torch.Tensor]], dist.Work],
              scale: float | None = None) -> dist.Work:
-        self._check(plan.name, plan.reads + plan.writes)
         start = now_ns()
-        agree(self._gloo, plan.signature, self._rank, self._size)
         device_tensors = [t for t in plan.reads + plan.writes if t.device.type == _DEVICE_TYPE]
-        if device_tensors:
+        if device_tensors:  # may raise an error of earlier device work: before the agreement
             prepare_host_access(plan.reads, plan.writes, plan.name, Reason.COLLECTIVE)
         ready = now_ns()
+        self._agreed = True
+        agree(self._gloo, plan.signature, self._rank, self._size)
         staged: dict[int, _Staged] = {}
 
         def stage(t: torch.Tensor, read: bool) -> torch.Tensor:
@@ -176,6 +201,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if device_tensors:
             note_written([t for t in plan.writes if t.device.type == _DEVICE_TYPE])
         self._record(plan, start, ready, device)
+        self._agreed = False  # a later failure of the same call (coalesced lists) must agree again
         return _completed(plan.outputs)
 
     def _plan(self, name: str, reads: list[torch.Tensor], writes: list[torch.Tensor], *, bus: float | None,
@@ -237,6 +263,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return dist.ReduceOp(kind), None
 
     # ---- collectives -----------------------------------------------------------------
+    @_together("all_reduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op, scale = self._reduce_op("all_reduce", opts.reduceOp)
@@ -244,6 +271,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                          lambda r, w: self._gloo.allreduce(w, _with(dist.AllreduceOptions(), reduceOp=op)),
                          scale)
 
+    @_together("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op, scale = self._reduce_op("all_reduce_coalesced", opts.reduceOp)
@@ -256,12 +284,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._run(self._plan("all_reduce_coalesced", tensors, tensors, bus=2.0, outputs=tensors), issue,
                          scale)
 
+    @_together("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = opts.rootRank
         plan = self._plan("broadcast", tensors, tensors, bus=None, outputs=tensors, root=root)
         return self._run(plan, lambda r, w: self._gloo.broadcast(w, _with(dist.BroadcastOptions(), rootRank=root)))
 
+    @_together("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceOptions()
         op, scale = self._reduce_op("reduce", opts.reduceOp)
@@ -270,6 +300,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._run(plan, lambda r, w: self._gloo.reduce(w, _with(dist.ReduceOptions(), reduceOp=op,
                                                                       rootRank=root)), scale)
 
+    @_together("all_gather")
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: Any = None) -> dist.Work:
         outputs = [t for group in output_lists for t in group]
@@ -282,6 +313,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._run(plan, issue)
 
+    @_together("all_gather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
         # c10d's coalesced allgather: output_lists[rank][i] receives inputs[i] of that rank.
@@ -297,29 +329,40 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._run(plan, issue)
 
+    @_together("all_gather_into_tensor")
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self._gather_into_tensor("all_gather_into_tensor", output, input)
 
+    @_together("all_gather_into_tensor")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self._gather_into_tensor("all_gather_into_tensor", output, input)
 
+    @_together("all_gather_into_tensor_coalesced")
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
-        for o, i in zip(outputs, inputs, strict=True):
+        pairs = list(zip(outputs, inputs, strict=True))
+        for o, i in pairs:  # every pair before any data moves
+            self._check_gathered("all_gather_into_tensor_coalesced", o, i)
+        for o, i in pairs:
             self._gather_into_tensor("all_gather_into_tensor_coalesced", o, i)
         return _completed(outputs)
 
+    @_together("all_gather_into_tensor_coalesced")
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
 
-    def _gather_into_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
+    def _check_gathered(self, name: str, output: torch.Tensor, input: torch.Tensor) -> None:
         if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
             raise ValueError(f"{name}: the output ({tuple(output.shape)}, {output.dtype}) must hold "
                              f"{self._size} x the input ({tuple(input.shape)}, {input.dtype})")
+
+    def _gather_into_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
+        self._check_gathered(name, output, input)
         plan = self._plan(name, [input], [output], bus=1.0, outputs=[output], total=_nbytes([output]))
         return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0], r[0]))
 
+    @_together("reduce_scatter")
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
@@ -339,18 +382,25 @@ class NeuronProcessGroup(dist.ProcessGroup):
             out.copy_(row[self._rank * n:(self._rank + 1) * n].view(out.shape))
         return _completed(w)
 
+    @_together("reduce_scatter_tensor")
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self.reduce_scatter_single(output, input, opts)
 
+    @_together("reduce_scatter_tensor")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self._scatter_reduce_tensor("reduce_scatter_tensor", output, input, opts)
 
+    @_together("reduce_scatter_tensor_coalesced")
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
-        for o, i in zip(outputs, inputs, strict=True):
+        pairs = list(zip(outputs, inputs, strict=True))
+        for o, i in pairs:  # every pair before any data moves
+            self._check_scattered("reduce_scatter_tensor_coalesced", o, i)
+        for o, i in pairs:
             self._scatter_reduce_tensor("reduce_scatter_tensor_coalesced", o, i, opts)
         return _completed(outputs)
 
+    @_together("reduce_scatter_tensor_coalesced")
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
@@ -358,17 +408,22 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _scatter_reduce_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         op, scale = self._reduce_op(name, opts.reduceOp)
-        if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
-            raise ValueError(f"{name}: the input ({tuple(input.shape)}, {input.dtype}) must hold "
-                             f"{self._size} x the output ({tuple(output.shape)}, {output.dtype})")
+        self._check_scattered(name, output, input)
         plan = self._plan(name, [input], [output], bus=1.0, outputs=[output], total=_nbytes([input]))
         return self._run(plan, lambda r, w: self._reduce_scatter_rows(
             list(r[0].reshape(self._size, -1)), w, op), scale)
 
+    def _check_scattered(self, name: str, output: torch.Tensor, input: torch.Tensor) -> None:
+        if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
+            raise ValueError(f"{name}: the input ({tuple(input.shape)}, {input.dtype}) must hold "
+                             f"{self._size} x the output ({tuple(output.shape)}, {output.dtype})")
+
+    @_together("all_to_all_single")
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                       input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         return self.all_to_all_single(output, input, output_split_sizes, input_split_sizes, opts)
 
+    @_together("all_to_all_single")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         out_splits, in_splits = list(output_split_sizes), list(input_split_sizes)
@@ -385,6 +440,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                           total=_nbytes([input]), splits=(in_splits, out_splits))
         return self._run(plan, lambda r, w: self._gloo.alltoall_base(w[0], r[0], out_splits, in_splits))
 
+    @_together("all_to_all")
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         if len(outputs) != self._size or len(inputs) != self._size:
             raise ValueError(f"all_to_all: needs {self._size} input and output tensors (one per rank), got "
@@ -404,6 +460,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._run(plan, issue)
 
+    @_together("gather")
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.GatherOptions()
         root = opts.rootRank
@@ -413,6 +470,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._run(plan, lambda r, w: self._gloo.gather([w] if w else [], r,
                                                               _with(dist.GatherOptions(), rootRank=root)))
 
+    @_together("scatter")
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.ScatterOptions()
         root = opts.rootRank
@@ -422,8 +480,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._run(plan, lambda r, w: self._gloo.scatter(w, [r] if r else [],
                                                                _with(dist.ScatterOptions(), rootRank=root)))
 
+    @_together("barrier")
     def barrier(self, opts: Any = None) -> dist.Work:
         start = now_ns()
+        self._agreed = True
         agree(self._gloo, Signature("barrier", None, ()), self._rank, self._size)
         self._gloo.barrier().wait()
         record_collective(CollectiveRecord("barrier", self._name, self._size, self._rank, -1, 0, 0, start, now_ns(), 0))
