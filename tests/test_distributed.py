@@ -47,3 +47,13 @@ def test_a_collective_that_fails_on_one_rank_before_its_data_moves_fails_on_ever
                 assert f"rank {failing} raised an error before the data moved" in message
         assert rep["first"] == [0.0] * 4  # the coalesced call moved nothing
         assert rep["after"] == [3.0, 3.0]
+
+
+def test_small_and_large_collectives_equal_gloo_on_the_cpu_for_every_reduce_op() -> None:
+    """Small tensors finish in the ranks' meeting (one exchange), large ones go through
+    gloo: both give gloo's bits (two ranks: every reduction is one exact operation)."""
+    reports = run_on_ranks(SCRIPTS / "reduce_paths.py", nproc=2, timeout=300)
+    for rank, rep in enumerate(reports):
+        unequal = {case: diff for case, (equal, diff) in rep["results"].items() if not equal}
+        assert not unequal, f"rank {rank}: {unequal}"
+        assert len(rep["results"]) == 3 * 2 * 2 + 2 * 2 * 6 + 2 * 4

@@ -1,10 +1,14 @@
-"""The ranks agree on a collective before its data moves.
+"""The ranks meet before a collective's data moves.
 
 Gloo terminates the process when ranks pass tensors of different sizes to the same
 collective. A notebook must never lose its kernel to a typo in a shape, so before each
-collective the ranks exchange a small signature (which collective, dtype, shape, root,
-split sizes) and every rank raises the same error, naming each rank's tensors, when
-they differ. The exchange is one allgather of 256 bytes per collective.
+collective the ranks exchange a signature (which collective, dtype, shape, root, split
+sizes) and every rank raises the same error, naming each rank's tensors, when they
+differ. The meeting is one allgather of a fixed 16 KiB per rank: always the same size,
+so that gloo never sees a mismatch itself. Small collectives ride along in it: when a
+tensor fits in the meeting's 16,128 spare bytes, its bytes travel with the signature
+and the collective finishes locally (``meet`` returns every rank's bytes), in one
+exchange instead of two.
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveMismatchError", "Signature", "agree"]
+__all__ = ["INLINE_BYTES", "CollectiveMismatchError", "Signature", "agree", "meet"]
 
-_WIDTH = 32  # int64 slots per rank
+_WIDTH = 32  # int64 slots of the signature
 _MAX_DIMS = 8
+_INLINE_SLOT, _FAILED_SLOT = _WIDTH - 2, _WIDTH - 1
+_MEETING_BYTES = 16 << 10
+_HEADER_BYTES = _WIDTH * 8
+INLINE_BYTES = _MEETING_BYTES - _HEADER_BYTES
+"""The largest tensor (in bytes) whose data travels in the meeting itself."""
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -38,13 +47,13 @@ class Signature:
     output_splits: tuple[int, ...] = ()
     failed: bool = False  # this rank raised before the data could move
 
-    def encode(self, group_size: int) -> torch.Tensor:
+    def encode(self, group_size: int, inline_bytes: int = -1) -> torch.Tensor:
         slots = [_code(self.collective), _dtype_code(self.dtype), self.root]
         shape = self.shape if self.shape is not None else ()
         slots += [-1 if self.shape is None else len(shape)] + _padded(shape, _MAX_DIMS)
         if group_size <= 8 and (self.input_splits or self.output_splits):
             slots += [1] + _padded(self.input_splits, 8) + _padded(self.output_splits, 8)
-        return torch.tensor(_padded(slots, _WIDTH - 1) + [int(self.failed)], dtype=torch.int64)
+        return torch.tensor(_padded(slots, _INLINE_SLOT) + [inline_bytes, int(self.failed)], dtype=torch.int64)
 
 
 def _padded(values: Sequence[int], width: int) -> list[int]:
@@ -81,14 +90,35 @@ def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
 
 
 def agree(gloo: dist.ProcessGroup, signature: Signature, rank: int, group_size: int) -> None:
-    """Raises ``CollectiveMismatchError`` on every rank when the ranks' signatures differ
-    (or their all_to_all splits do not pair up), or on the other ranks when a rank failed
-    before the data could move (``signature.failed``: that rank raises its own error)."""
-    mine = signature.encode(group_size)
-    everyone = [torch.empty_like(mine) for _ in range(group_size)]
-    gloo.allgather([everyone], [mine]).wait()
-    rows = [e.tolist() for e in everyone]
-    failed = [i for i, r in enumerate(rows) if r[-1] == 1]
+    """``meet`` without data: raises ``CollectiveMismatchError`` on every rank when the ranks'
+    signatures differ, or on the other ranks when this one failed (``signature.failed``)."""
+    meet(gloo, signature, rank, group_size)
+
+
+def meet(gloo: dist.ProcessGroup, signature: Signature, rank: int, group_size: int,
+         payload: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+    """The ranks' meeting before a collective: checks that their signatures fit together
+    (see ``agree``). ``payload``, a contiguous CPU tensor of at most ``INLINE_BYTES``,
+    travels along; when every rank sent one, returns every rank's payload bytes (uint8,
+    in rank order), else None."""
+    buffer = torch.empty(_MEETING_BYTES, dtype=torch.uint8)
+    inline = -1 if payload is None else payload.numel() * payload.element_size()
+    if inline > INLINE_BYTES:
+        raise ValueError(f"a payload of {inline} bytes does not fit in the meeting's {INLINE_BYTES}")
+    buffer[:_HEADER_BYTES].view(torch.int64).copy_(signature.encode(group_size, inline))
+    if inline > 0:
+        buffer[_HEADER_BYTES:_HEADER_BYTES + inline].copy_(payload.reshape(-1).view(torch.uint8))
+    everyone = [torch.empty_like(buffer) for _ in range(group_size)]
+    gloo.allgather([everyone], [buffer]).wait()
+    rows = [e[:_HEADER_BYTES].view(torch.int64).tolist() for e in everyone]
+    _check(rows, signature, group_size)
+    if signature.failed or any(r[_INLINE_SLOT] < 0 for r in rows):
+        return None
+    return [e[_HEADER_BYTES:_HEADER_BYTES + r[_INLINE_SLOT]] for e, r in zip(everyone, rows)]
+
+
+def _check(rows: list[list[int]], signature: Signature, group_size: int) -> None:
+    failed = [i for i, r in enumerate(rows) if r[_FAILED_SLOT] == 1]
     if failed:
         if signature.failed:
             return

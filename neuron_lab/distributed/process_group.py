@@ -34,7 +34,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab.device.host_kernels import InlineLaunch, host_alias, note_written, prepare_host_access
 from neuron_lab.device.trace import Reason, now_ns
-from neuron_lab.distributed.agreement import Signature, agree
+from neuron_lab.distributed.agreement import INLINE_BYTES, Signature, agree, meet
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
 
 __all__ = ["NeuronProcessGroup"]
@@ -102,6 +102,49 @@ def _together(collective: str) -> Callable[[Callable[..., dist.Work]], Callable[
     return wrap
 
 
+_LocalFinish = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
+"""Finishes a small collective from every rank's input (rank order) into the host outputs."""
+
+
+def _reduce_locally(op: dist.ReduceOp, group_size: int) -> _LocalFinish:
+    """A reduction of every rank's input in rank order (the same bits on every rank)."""
+
+    kind = _op_type(op)
+    if kind not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN,
+                    dist.ReduceOp.MAX):
+        raise ValueError(f"no local reduction for {kind}")
+
+    def finish(rows: list[torch.Tensor], outputs: list[torch.Tensor]) -> None:
+        total = rows[0].clone()
+        for row in rows[1:]:
+            if kind in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+                total.add_(row)
+            elif kind == dist.ReduceOp.PRODUCT:
+                total.mul_(row)
+            elif kind == dist.ReduceOp.MIN:
+                torch.minimum(total, row, out=total)
+            else:
+                torch.maximum(total, row, out=total)
+        if kind == dist.ReduceOp.AVG:
+            total.div_(group_size)
+        outputs[0].copy_(total)
+
+    return finish
+
+
+def _reduces_locally(op: dist.ReduceOp, dtype: torch.dtype) -> bool:
+    """Whether a small reduction may finish locally with gloo's results: real numbers only
+    (gloo's bool and complex rules are its own), AVG of floating point only."""
+    if dtype == torch.bool or dtype.is_complex:
+        return False
+    return _op_type(op) != dist.ReduceOp.AVG or dtype.is_floating_point
+
+
+def _op_type(op: Any) -> Any:
+    """The ``ReduceOp.RedOpType`` of a ``ReduceOp`` object or of a RedOpType."""
+    return op.op if hasattr(op, "op") else op
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -166,14 +209,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # ---- running one collective --------------------------------------------------
     def _run(self, plan: _Plan, issue: Callable[[list[torch.Tensor], list[torch.Tensor]], dist.Work],
-             scale: float | None = None) -> dist.Work:
+             scale: float | None = None, local: _LocalFinish | None = None) -> dist.Work:
+        """Runs one collective as one launch of the current stream: the device's side
+        (see the module docstring), the ranks' meeting, then ``issue(host_reads,
+        host_writes)`` on gloo; or, when ``local`` is given and the first input fits in the
+        meeting (``agreement.INLINE_BYTES``), ``local(every rank's input, host_writes)``."""
         start = now_ns()
         device_tensors = [t for t in plan.reads + plan.writes if t.device.type == _DEVICE_TYPE]
-        if device_tensors:  # may raise an error of earlier device work: before the agreement
+        if device_tensors:  # may raise an error of earlier device work: before the meeting
             prepare_host_access(plan.reads, plan.writes, plan.name, Reason.COLLECTIVE)
         ready = now_ns()
-        self._agreed = True
-        agree(self._gloo, plan.signature, self._rank, self._size)
         staged: dict[int, _Staged] = {}
 
         def stage(t: torch.Tensor, read: bool) -> torch.Tensor:
@@ -189,10 +234,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
         try:
             host_reads = [stage(t, True) for t in plan.reads]
             host_writes = [stage(t, False) for t in plan.writes]
-            try:
-                issue(host_reads, host_writes).wait()
-            except RuntimeError as e:
-                raise _transport_error(plan.name, self, e) from e
+            payload = host_reads[0] if local is not None and _nbytes(host_reads[:1]) <= INLINE_BYTES else None
+            self._agreed = True
+            rows = meet(self._gloo, plan.signature, self._rank, self._size, payload)
+            if rows is not None and payload is not None:
+                local([row.view(payload.dtype).view(payload.shape) for row in rows], host_writes)
+            else:
+                try:
+                    issue(host_reads, host_writes).wait()
+                except RuntimeError as e:
+                    raise _transport_error(plan.name, self, e) from e
             for s in staged.values():
                 s.finish()
         finally:
@@ -248,7 +299,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _reduce_op(self, collective: str, op: dist.ReduceOp) -> tuple[dist.ReduceOp, float | None]:
         """The gloo op to run and the factor to scale inputs by first (PREMUL_SUM)."""
-        kind = op.op if hasattr(op, "op") else op
+        kind = _op_type(op)
         if kind == dist.ReduceOp.PREMUL_SUM:
             factor = op.factor if hasattr(op, "factor") else None
             if isinstance(factor, torch.Tensor):
@@ -267,9 +318,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op, scale = self._reduce_op("all_reduce", opts.reduceOp)
+        local = _reduce_locally(op, self._size) if len(tensors) == 1 and _reduces_locally(op, tensors[0].dtype) else None
         return self._run(self._plan("all_reduce", tensors, tensors, bus=2.0, outputs=tensors),
                          lambda r, w: self._gloo.allreduce(w, _with(dist.AllreduceOptions(), reduceOp=op)),
-                         scale)
+                         scale, local)
 
     @_together("all_reduce_coalesced")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -289,7 +341,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         opts = opts if opts is not None else dist.BroadcastOptions()
         root = opts.rootRank
         plan = self._plan("broadcast", tensors, tensors, bus=None, outputs=tensors, root=root)
-        return self._run(plan, lambda r, w: self._gloo.broadcast(w, _with(dist.BroadcastOptions(), rootRank=root)))
+        local = (lambda rows, w: w[0].copy_(rows[root])) if len(tensors) == 1 else None
+        return self._run(plan, lambda r, w: self._gloo.broadcast(w, _with(dist.BroadcastOptions(), rootRank=root)),
+                         local=local)
 
     @_together("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -311,7 +365,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
             grouped = [w[i * self._size:(i + 1) * self._size] for i in range(len(r))]
             return self._gloo.allgather(grouped, r)
 
-        return self._run(plan, issue)
+        def local(rows: list[torch.Tensor], w: list[torch.Tensor]) -> None:
+            for out, row in zip(w, rows, strict=True):
+                out.copy_(row)
+
+        return self._run(plan, issue, local=local if len(inputs) == 1 else None)
 
     @_together("all_gather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
@@ -360,7 +418,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _gather_into_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         self._check_gathered(name, output, input)
         plan = self._plan(name, [input], [output], bus=1.0, outputs=[output], total=_nbytes([output]))
-        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0], r[0]))
+        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0], r[0]),
+                         local=lambda rows, w: torch.cat([row.reshape(-1) for row in rows], out=w[0].view(-1)))
 
     @_together("reduce_scatter")
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
