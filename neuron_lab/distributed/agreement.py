@@ -13,13 +13,14 @@ exchange instead of two.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["INLINE_BYTES", "CollectiveMismatchError", "Signature", "agree", "meet"]
+__all__ = ["INLINE_BYTES", "CollectiveMismatchError", "Meeting", "Signature"]
 
 _WIDTH = 32  # int64 slots of the signature
 _MAX_DIMS = 8
@@ -63,18 +64,13 @@ def _padded(values: Sequence[int], width: int) -> list[int]:
     return values + [0] * (width - len(values))
 
 
-_COLLECTIVE_CODES: dict[str, int] = {}
-_DTYPE_CODES: dict[torch.dtype, int] = {}
-
-
 def _code(name: str) -> int:
-    return _COLLECTIVE_CODES.setdefault(name, sum(ord(c) * 31**i for i, c in enumerate(name)) % (1 << 40))
+    """A number for a name, the same in every process (unlike ``hash`` of a str)."""
+    return zlib.crc32(name.encode())
 
 
 def _dtype_code(dtype: torch.dtype | None) -> int:
-    if dtype is None:
-        return -1
-    return _DTYPE_CODES.setdefault(dtype, sum(ord(c) * 131**i for i, c in enumerate(str(dtype))) % (1 << 40))
+    return -1 if dtype is None else zlib.crc32(str(dtype).encode())
 
 
 def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
@@ -89,32 +85,39 @@ def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
     return text
 
 
-def agree(gloo: dist.ProcessGroup, signature: Signature, rank: int, group_size: int) -> None:
-    """``meet`` without data: raises ``CollectiveMismatchError`` on every rank when the ranks'
-    signatures differ, or on the other ranks when this one failed (``signature.failed``)."""
-    meet(gloo, signature, rank, group_size)
+class Meeting:
+    """The ranks' meetings of one process group, over its inner gloo group. Owns the
+    meeting buffers (reused: a group runs one collective at a time)."""
 
+    def __init__(self, gloo: dist.ProcessGroup, rank: int, group_size: int) -> None:
+        self._gloo, self._rank, self._size = gloo, rank, group_size
+        self._mine = torch.empty(_MEETING_BYTES, dtype=torch.uint8)
+        self._header = self._mine[:_HEADER_BYTES].view(torch.int64)
+        self._everyone = [torch.empty(_MEETING_BYTES, dtype=torch.uint8) for _ in range(group_size)]
 
-def meet(gloo: dist.ProcessGroup, signature: Signature, rank: int, group_size: int,
-         payload: torch.Tensor | None = None) -> list[torch.Tensor] | None:
-    """The ranks' meeting before a collective: checks that their signatures fit together
-    (see ``agree``). ``payload``, a contiguous CPU tensor of at most ``INLINE_BYTES``,
-    travels along; when every rank sent one, returns every rank's payload bytes (uint8,
-    in rank order), else None."""
-    buffer = torch.empty(_MEETING_BYTES, dtype=torch.uint8)
-    inline = -1 if payload is None else payload.numel() * payload.element_size()
-    if inline > INLINE_BYTES:
-        raise ValueError(f"a payload of {inline} bytes does not fit in the meeting's {INLINE_BYTES}")
-    buffer[:_HEADER_BYTES].view(torch.int64).copy_(signature.encode(group_size, inline))
-    if inline > 0:
-        buffer[_HEADER_BYTES:_HEADER_BYTES + inline].copy_(payload.reshape(-1).view(torch.uint8))
-    everyone = [torch.empty_like(buffer) for _ in range(group_size)]
-    gloo.allgather([everyone], [buffer]).wait()
-    rows = [e[:_HEADER_BYTES].view(torch.int64).tolist() for e in everyone]
-    _check(rows, signature, group_size)
-    if signature.failed or any(r[_INLINE_SLOT] < 0 for r in rows):
-        return None
-    return [e[_HEADER_BYTES:_HEADER_BYTES + r[_INLINE_SLOT]] for e, r in zip(everyone, rows)]
+    def agree(self, signature: Signature) -> None:
+        """``meet`` without data: raises ``CollectiveMismatchError`` on every rank when the
+        ranks' signatures differ, or on the other ranks when this one failed
+        (``signature.failed``; that rank raises its own error)."""
+        self.meet(signature)
+
+    def meet(self, signature: Signature, payload: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+        """Checks that the ranks' signatures fit together (see ``agree``). ``payload``, a
+        contiguous CPU tensor of at most ``INLINE_BYTES``, travels along; when every rank
+        sent one, returns every rank's payload bytes (uint8 views valid until the next
+        meeting, in rank order), else None."""
+        inline = -1 if payload is None else payload.numel() * payload.element_size()
+        if inline > INLINE_BYTES:
+            raise ValueError(f"a payload of {inline} bytes does not fit in the meeting's {INLINE_BYTES}")
+        self._header.copy_(signature.encode(self._size, inline))
+        if inline > 0:
+            self._mine[_HEADER_BYTES:_HEADER_BYTES + inline].copy_(payload.reshape(-1).view(torch.uint8))
+        self._gloo.allgather([self._everyone], [self._mine]).wait()
+        rows = [e[:_HEADER_BYTES].view(torch.int64).tolist() for e in self._everyone]
+        _check(rows, signature, self._size)
+        if signature.failed or any(r[_INLINE_SLOT] < 0 for r in rows):
+            return None
+        return [e[_HEADER_BYTES:_HEADER_BYTES + r[_INLINE_SLOT]] for e, r in zip(self._everyone, rows)]
 
 
 def _check(rows: list[list[int]], signature: Signature, group_size: int) -> None:

@@ -34,7 +34,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 
 from neuron_lab.device.host_kernels import InlineLaunch, host_alias, note_written, prepare_host_access
 from neuron_lab.device.trace import Reason, now_ns
-from neuron_lab.distributed.agreement import INLINE_BYTES, Signature, agree, meet
+from neuron_lab.distributed.agreement import INLINE_BYTES, Meeting, Signature
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
 
 __all__ = ["NeuronProcessGroup"]
@@ -94,7 +94,7 @@ def _together(collective: str) -> Callable[[Callable[..., dist.Work]], Callable[
             except Exception:
                 if not self._agreed:
                     self._agreed = True
-                    agree(self._gloo, Signature(collective, None, None, failed=True), self._rank, self._size)
+                    self._meeting.agree(Signature(collective, None, None, failed=True))
                 raise
 
         return run
@@ -161,6 +161,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         options._timeout = timeout
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron-gloo/", store), rank, size, options)
         # Object collectives and DeviceMesh ask the group which devices it serves.
+        self._meeting = Meeting(self._gloo, rank, size)
         self._register_backend(torch.device(_DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
         self._name = ""
         self._desc = ""
@@ -236,7 +237,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             host_writes = [stage(t, False) for t in plan.writes]
             payload = host_reads[0] if local is not None and _nbytes(host_reads[:1]) <= INLINE_BYTES else None
             self._agreed = True
-            rows = meet(self._gloo, plan.signature, self._rank, self._size, payload)
+            rows = self._meeting.meet(plan.signature, payload)
             if rows is not None and payload is not None:
                 local([row.view(payload.dtype).view(payload.shape) for row in rows], host_writes)
             else:
@@ -543,7 +544,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         start = now_ns()
         self._agreed = True
-        agree(self._gloo, Signature("barrier", None, ()), self._rank, self._size)
+        self._meeting.agree(Signature("barrier", None, ()))
         self._gloo.barrier().wait()
         record_collective(CollectiveRecord("barrier", self._name, self._size, self._rank, -1, 0, 0, start, now_ns(), 0))
         return _completed([])
