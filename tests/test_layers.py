@@ -94,6 +94,19 @@ def test_only_the_device_layer_imports_its_extension() -> None:
         assert not beyond, f"{owner} imports more than _C.adaptive: {beyond}"
 
 
+def test_the_distributed_backend_knows_only_the_device() -> None:
+    """The c10d backend is a layer over the device's host-kernel interface: it knows
+    nothing of the runtime (flushes reach it through the device's interceptor) nor of the
+    workbench that shows its records."""
+    offending = []
+    for path in sorted((ROOT / "neuron_lab" / "distributed").rglob("*.py")):
+        for line, name in _imports_of(path):
+            if _is_in(name, "neuron_lab") and not (_is_in(name, "neuron_lab.device")
+                                                   or _is_in(name, "neuron_lab.distributed")):
+                offending.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    assert not offending, "\n".join(offending)
+
+
 def test_the_import_check_sees_every_way_of_importing_the_extension() -> None:
     source = ("import neuron_lab.device._C\nfrom neuron_lab.device import _C\nfrom ..device import _C\n"
               "from ..device._C import trace\nimport importlib\nimportlib.import_module('neuron_lab.device._C')\n"
