@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ranks import SCRIPTS, run_on_ranks
 
 
@@ -57,3 +59,13 @@ def test_small_and_large_collectives_equal_gloo_on_the_cpu_for_every_reduce_op()
         unequal = {case: diff for case, (equal, diff) in rep["results"].items() if not equal}
         assert not unequal, f"rank {rank}: {unequal}"
         assert len(rep["results"]) == 3 * 2 * 2 + 2 * 2 * 6 + 2 * 4
+
+
+def test_functional_collectives_inside_torch_compile_equal_eager() -> None:
+    """With backend="neuron" and with TorchInductor's default (which runs neuron graphs
+    as host code over device memory, so its collectives see CPU tensors of the device)."""
+    reports = run_on_ranks(SCRIPTS / "compiled_collectives.py", nproc=2, timeout=600)
+    for rep in reports:
+        assert len(rep["eager"]) == 8
+        for backend in ("neuron", "inductor"):
+            assert rep[backend] == pytest.approx(rep["eager"], abs=1e-5), backend

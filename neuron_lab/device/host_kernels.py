@@ -21,7 +21,7 @@ import torch
 from neuron_lab.device import _C
 from neuron_lab.device.trace import Reason
 
-__all__ = ["InlineLaunch", "adopt", "host_alias", "note_written", "prepare_host_access"]
+__all__ = ["InlineLaunch", "adopt", "host_alias", "host_allocations_device", "note_written", "prepare_host_access"]
 
 _native = _C.kernels
 
@@ -42,6 +42,14 @@ def prepare_host_access(reads: Sequence[torch.Tensor], writes: Sequence[torch.Te
 def host_alias(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the same memory as a neuron tensor (call ``prepare_host_access`` first)."""
     return _native.host_alias(tensor)
+
+
+def host_allocations_device() -> int | None:
+    """The core whose memory this thread's CPU allocations take now, or None: inside
+    ``InlineLaunch(..., device_memory=True)`` (a compiled graph run on the host), the
+    launch's CPU tensors are device memory that it already prepared."""
+    device = int(_native.host_allocations_device())
+    return None if device < 0 else device
 
 
 def note_written(tensors: Sequence[torch.Tensor]) -> None:

@@ -32,7 +32,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from neuron_lab.device.host_kernels import InlineLaunch, host_alias, note_written, prepare_host_access
+from neuron_lab.device.host_kernels import (InlineLaunch, host_alias, host_allocations_device, note_written,
+                                            prepare_host_access)
 from neuron_lab.device.trace import Reason, now_ns
 from neuron_lab.distributed.agreement import INLINE_BYTES, Meeting, Signature
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
@@ -195,7 +196,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
             kind = t.device.type
             if kind == _DEVICE_TYPE:
                 continue
-            if kind == "cpu" and self._cpu_allowed():
+            if kind == "cpu" and (self._cpu_allowed() or host_allocations_device() is not None):
+                # A graph compiled for the host (torch.compile's default on neuron) runs
+                # as one launch over device memory: its CPU tensors are the device's.
                 continue
             hint = ("create the group with backend='cpu:gloo,neuron:neuron' to run CPU collectives over gloo, "
                     "or move the tensor with tensor.to('neuron')") if kind == "cpu" else "move it with tensor.to('neuron')"

@@ -441,6 +441,8 @@ HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device) : prev
 
 HostAllocationsOnDevice::~HostAllocationsOnDevice() { tl_host_allocations_device = previous_; }
 
+c10::DeviceIndex host_allocations_device() { return tl_host_allocations_device; }
+
 c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
   auto* impl = host_storage.unsafeGetStorageImpl();
   if (impl == nullptr || impl->data_ptr().get_deleter() != &free_device_or_host) return {};

@@ -47,6 +47,9 @@ class InlineLaunch {
 }  // namespace
 
 void register_kernel_bindings(py::module& m) {
+  m.def("host_allocations_device", [] { return static_cast<int>(host_allocations_device()); },
+        "The core whose memory this thread's CPU allocations take now (inside "
+        "InlineLaunch(..., device_memory=True)), or -1.");
   m.def(
       "prepare_host_access",
       [](const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes, const std::string& what,

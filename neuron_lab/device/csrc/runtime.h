@@ -222,6 +222,10 @@ class HostAllocationsOnDevice {
  private:
   c10::DeviceIndex previous_;
 };
+// The core whose memory this thread's CPU allocations take now (-1: none): inside a
+// host kernel's launch, its CPU tensors are device memory the launch already prepared.
+c10::DeviceIndex host_allocations_device();
+
 // Moves the memory of a CPU storage allocated under HostAllocationsOnDevice into a
 // new neuron storage (the CPU storage is left empty); an undefined Storage when the
 // memory came from anywhere else.
