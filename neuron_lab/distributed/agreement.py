@@ -73,7 +73,7 @@ def _dtype_code(dtype: torch.dtype | None) -> int:
     return -1 if dtype is None else zlib.crc32(str(dtype).encode())
 
 
-def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
+def _describe(slots: list[int], dtypes: dict[int, str], names: dict[int, str] | None = None) -> str:
     ndim = slots[3]
     dtype = dtypes.get(slots[1], "?")
     text = f"{dtype}[{', '.join(str(d) for d in slots[4:4 + ndim])}]" if ndim >= 0 else f"{dtype}"
@@ -82,6 +82,8 @@ def _describe(slots: list[int], dtypes: dict[int, str]) -> str:
     if slots[4 + _MAX_DIMS] == 1:
         base = 5 + _MAX_DIMS
         text += f" splits in {slots[base:base + 8]} out {slots[base + 8:base + 16]}"
+    if names is not None:  # the ranks called different collectives: say which
+        text = f"{names.get(slots[0], 'another collective')} of {text}"
     return text
 
 
@@ -144,7 +146,8 @@ def _check(rows: list[list[int]], signature: Signature, group_size: int) -> None
     if not problem:
         return
     dtypes = {_dtype_code(d): str(d).replace("torch.", "") for d in _ALL_DTYPES}
-    per_rank = "; ".join(f"rank {i}: {_describe(r, dtypes)}" for i, r in enumerate(rows))
+    names = {_code(n): n for n in _COLLECTIVES} if any(r[0] != first[0] for r in rows) else None
+    per_rank = "; ".join(f"rank {i}: {_describe(r, dtypes, names)}" for i, r in enumerate(rows))
     raise CollectiveMismatchError(
         f"{signature.collective} on a neuron process group of {group_size} ranks: {problem} ({per_rank}). "
         f"Every rank must pass tensors of the same dtype and shape (and the same root); nothing was sent, "
@@ -161,6 +164,10 @@ def _splits_problem(rows: list[list[int]], n: int) -> str:
     return ""
 
 
+_COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather", "all_gather_coalesced",
+                "all_gather_into_tensor", "all_gather_into_tensor_coalesced", "reduce_scatter",
+                "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "all_to_all_single", "all_to_all",
+                "gather", "scatter", "barrier")  # names to show for another rank's code
 _ALL_DTYPES = [getattr(torch, name) for name in (
     "float32", "float64", "float16", "bfloat16", "int8", "int16", "int32", "int64", "uint8", "bool",
     "complex64", "complex128")]

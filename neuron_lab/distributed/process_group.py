@@ -35,7 +35,7 @@ from torch._C._distributed_c10d import _create_work_from_future
 from neuron_lab.device.host_kernels import (InlineLaunch, host_alias, host_allocations_device, note_written,
                                             prepare_host_access)
 from neuron_lab.device.trace import Reason, now_ns
-from neuron_lab.distributed.agreement import INLINE_BYTES, Meeting, Signature
+from neuron_lab.distributed.agreement import INLINE_BYTES, CollectiveMismatchError, Meeting, Signature
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
 
 __all__ = ["NeuronProcessGroup"]
@@ -95,7 +95,7 @@ def _together(collective: str) -> Callable[[Callable[..., dist.Work]], Callable[
             except Exception:
                 if not self._agreed:
                     self._agreed = True
-                    self._meeting.agree(Signature(collective, None, None, failed=True))
+                    self._meet(collective, Signature(collective, None, None, failed=True))
                 raise
 
         return run
@@ -150,6 +150,21 @@ def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+_incarnations = 0  # default process groups this process made (init_process_group calls)
+
+
+def _incarnation() -> int:
+    """Which ``init_process_group`` of this process a new group belongs to. c10d names
+    groups by a counter that ``destroy_process_group`` resets, over a store that outlives
+    them (torchrun's): after a destroy, the next group "0" would read the dead one's gloo
+    addresses from the store and fail to connect. Every rank makes every default group,
+    so this count agrees across ranks and keeps the incarnations' keys apart."""
+    global _incarnations
+    if not dist.is_initialized():  # making the default group
+        _incarnations += 1
+    return _incarnations
+
+
 class NeuronProcessGroup(dist.ProcessGroup):
     """A process group of ``neuron`` tensors (and CPU tensors when the group was created as
     ``"cpu:gloo,neuron:neuron"``), over an inner gloo group on the loopback interface."""
@@ -160,7 +175,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         options = dist.ProcessGroupGloo._Options()
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         options._timeout = timeout
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("neuron-gloo/", store), rank, size, options)
+        inner_store = dist.PrefixStore(f"neuron-gloo/{_incarnation()}/", store)
+        self._gloo = dist.ProcessGroupGloo(inner_store, rank, size, options)
         # Object collectives and DeviceMesh ask the group which devices it serves.
         self._meeting = Meeting(self._gloo, rank, size)
         self._register_backend(torch.device(_DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
@@ -212,6 +228,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._serves_cpu
 
     # ---- running one collective --------------------------------------------------
+    def _meet(self, collective: str, signature: Signature,
+              payload: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+        """The ranks' meeting (``agreement.Meeting.meet``). It is a collective's first
+        exchange, so a peer that exited or timed out shows here: as the collective's
+        transport error, naming it and the group, not gloo's bare message."""
+        try:
+            return self._meeting.meet(signature, payload)
+        except CollectiveMismatchError:
+            raise
+        except RuntimeError as e:
+            raise _transport_error(collective, self, e) from e
+
     def _run(self, plan: _Plan, issue: Callable[[list[torch.Tensor], list[torch.Tensor]], dist.Work],
              scale: float | None = None, local: _LocalFinish | None = None) -> dist.Work:
         """Runs one collective as one launch of the current stream: the device's side
@@ -240,7 +268,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             host_writes = [stage(t, False) for t in plan.writes]
             payload = host_reads[0] if local is not None and _nbytes(host_reads[:1]) <= INLINE_BYTES else None
             self._agreed = True
-            rows = self._meeting.meet(plan.signature, payload)
+            rows = self._meet(plan.name, plan.signature, payload)
             if rows is not None and payload is not None:
                 local([row.view(payload.dtype).view(payload.shape) for row in rows], host_writes)
             else:
@@ -547,8 +575,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         start = now_ns()
         self._agreed = True
-        self._meeting.agree(Signature("barrier", None, ()))
-        self._gloo.barrier().wait()
+        self._meet("barrier", Signature("barrier", None, ()))
+        try:
+            self._gloo.barrier().wait()
+        except RuntimeError as e:
+            raise _transport_error("barrier", self, e) from e
         record_collective(CollectiveRecord("barrier", self._name, self._size, self._rank, -1, 0, 0, start, now_ns(), 0))
         return _completed([])
 
