@@ -1,4 +1,5 @@
-"""Matplotlib figures of a profile: the launch timeline and the memory timeline.
+"""Matplotlib figures of a profile: the launch timeline and the memory timeline; and the
+timelines of several profiles side by side (the ranks of a distributed run, two runs).
 
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot state), so they
 display once in notebooks and can be saved with ``fig.savefig(...)``.
@@ -6,15 +7,19 @@ display once in notebooks and can be saved with ``fig.savefig(...)``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Optional
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
     from neuron_lab.observability.profiler import Profile
 
-__all__ = ["timeline_figure", "memory_figure", "LANE_HOST", "LANE_COMPILER", "LANE_COLLECTIVES"]
+__all__ = ["timeline_figure", "timeline_grid", "draw_timeline", "memory_figure", "LANE_HOST", "LANE_COMPILER",
+           "LANE_COLLECTIVES"]
 
 LANE_HOST = "host"
 LANE_COMPILER = "compiler"
@@ -38,11 +43,49 @@ def lanes(profile: "Profile") -> list[str]:
 def timeline_figure(profile: "Profile", width: float = 11.0) -> Figure:
     """A lane per stream per core plus the host lane: device execution, host waits
     (syncs), inline kernels, enqueue-to-execution lines, and background compiles."""
+    fig = Figure(figsize=(width, 1.1 + 0.55 * len(lanes(profile))), layout="constrained")
+    ax = fig.add_subplot()
+    draw_timeline(ax, profile)
+    ax.set_xlabel("time since the profile started (ms)")
+    ax.set_title("neuron launches: device execution per stream, host waits and enqueues")
+    ax.legend(handles=_legend_handles(), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7, fontsize="small",
+              frameon=False)
+    return fig
+
+
+def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width: float = 11.0) -> Figure:
+    """Several profiles' timelines in one figure, side by side: a column per title in
+    ``columns``, and in it a row per ``(label, profile)``, one above the other.
+
+    The rows of a column share one time axis, starting at the column's earliest profile:
+    profiles of processes on one machine (the ranks of a distributed run) read the same
+    clock, so their launches line up as they happened."""
+    if not columns or not all(columns.values()):
+        raise ValueError("timeline_grid needs at least one column, each with at least one (label, profile)")
+    rows = max(len(c) for c in columns.values())
+    lanes_per_row = [max(len(lanes(c[i][1])) if i < len(c) else 1 for c in columns.values()) for i in range(rows)]
+    fig = Figure(figsize=(width, 1.4 + 0.45 * sum(lanes_per_row) + 0.35 * rows), layout="constrained")
+    panels = fig.subfigures(1, len(columns), squeeze=False)[0]
+    for panel, (title, profiles) in zip(panels, columns.items()):
+        axes = panel.subplots(len(profiles), 1, sharex=True, squeeze=False,
+                              height_ratios=lanes_per_row[:len(profiles)])[:, 0]
+        t0 = min(p.start_ns for _, p in profiles)
+        end_ms = max((p.end_ns - t0) / 1e6 for _, p in profiles)
+        for ax, (label, profile) in zip(axes, profiles):
+            draw_timeline(ax, profile, t0_ns=t0, end_ms=end_ms)
+            ax.set_title(label, fontsize="medium", loc="left")
+        axes[-1].set_xlabel("time since the first profile started (ms)")
+        if title:
+            panel.suptitle(title)
+    fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=7, fontsize="small", frameon=False)
+    return fig
+
+
+def draw_timeline(ax: "Axes", profile: "Profile", t0_ns: Optional[int] = None, end_ms: Optional[float] = None) -> None:
+    """Draws a profile's lanes on ``ax``; times in ms from ``t0_ns`` (default: the profile's start)."""
     names = lanes(profile)
     row = {n: i for i, n in enumerate(names)}
-    fig = Figure(figsize=(width, 1.1 + 0.55 * len(names)), layout="constrained")
-    ax = fig.add_subplot()
-    t0 = profile.start_ns
+    t0 = profile.start_ns if t0_ns is None else t0_ns
     ms = lambda ns: (ns - t0) / 1e6
 
     def bar(lane: str, start_ns: int, dur_ns: int, color: str, height: float = 0.6) -> None:
@@ -72,16 +115,15 @@ def timeline_figure(profile: "Profile", width: float = 11.0) -> Figure:
         bar(LANE_COLLECTIVES, c.start_ns, c.duration_ns, _COLORS["collective"])
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(len(names) - 0.4, -0.6)
-    ax.set_xlim(0, max(ms(profile.end_ns), 1e-3))
-    ax.set_xlabel("time since the profile started (ms)")
-    ax.set_title("neuron launches: device execution per stream, host waits and enqueues")
+    ax.set_xlim(0, max(ms(profile.end_ns) if end_ms is None else end_ms, 1e-3))
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=[Patch(color=_COLORS[k], label=label) for k, label in (
+
+
+def _legend_handles() -> list[Patch]:
+    return [Patch(color=_COLORS[k], label=label) for k, label in (
         ("replay", "graph (replay)"), ("compiled", "graph (compiled)"), ("op", "single op"),
         ("inline", "inline kernel"), ("sync", "host wait (sync)"), ("compile", "compile"),
-        ("collective", "collective"))],
-        loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=7, fontsize="small", frameon=False)
-    return fig
+        ("collective", "collective"))]
 
 
 def memory_figure(profile: "Profile", width: float = 11.0) -> Figure:
