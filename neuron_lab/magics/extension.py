@@ -1,6 +1,7 @@
 """``%load_ext neuron_lab`` and ``%unload_ext neuron_lab``: what the extension adds and removes.
 
-Loading registers the magics (``neuron_lab.magics.magics``), attaches the per-cell timer
+Loading registers the magics (``neuron_lab.magics.magics`` and ``%%neuron_distributed`` of
+``neuron_lab.magics.distributed``), attaches the per-cell timer
 (``neuron_lab.magics.autotime``: two IPython events and one AST transformer) with its line
 on, and prints one line: devices, memory per core, mode. Loading again is harmless.
 Unloading removes every magic, event and transformer it added and stops the dashboards.
@@ -13,7 +14,7 @@ from typing import Any
 
 __all__ = ["load_ipython_extension", "unload_ipython_extension", "is_loaded"]
 
-# shell -> its NeuronMagics instance, while the extension is loaded in that shell
+# shell -> its Magics instances (NeuronMagics first), while the extension is loaded in that shell
 _LOADED: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
 
@@ -28,11 +29,12 @@ def load_ipython_extension(shell: Any) -> None:
     from neuron_lab.device.autograd_threads import backward_on_calling_thread
     from neuron_lab.magics.autotime import CellTimer, timer_for
     from neuron_lab.magics.display import banner
+    from neuron_lab.magics.distributed import DistributedMagics
     from neuron_lab.magics.magics import NeuronMagics
 
     backward_on_calling_thread()  # the thread that runs cells; see neuron_lab.device.autograd_threads
     if shell in _LOADED:
-        print(banner(autotime=_LOADED[shell].timer.printing))
+        print(banner(autotime=_LOADED[shell][0].timer.printing))
         return
     if not hasattr(neuron_lab, "explain_scope"):
         raise ImportError("neuron_lab.explain_scope is missing: this neuron_lab has no observability layer")
@@ -41,9 +43,10 @@ def load_ipython_extension(shell: Any) -> None:
         timer = CellTimer(shell)
     timer.printing = True
     timer.attach()
-    magics = NeuronMagics(shell, timer=timer)
-    shell.register_magics(magics)
-    _LOADED[shell] = magics
+    registered = [NeuronMagics(shell, timer=timer), DistributedMagics(shell)]
+    for magics in registered:
+        shell.register_magics(magics)
+    _LOADED[shell] = registered
     print(banner(autotime=True))
 
 
@@ -52,9 +55,8 @@ def unload_ipython_extension(shell: Any) -> None:
     from neuron_lab.magics.autotime import timer_for
     from neuron_lab.magics.dashboard import stop_dashboards
 
-    magics = _LOADED.pop(shell, None)
-    if magics is not None:
-        manager = shell.magics_manager
+    manager = shell.magics_manager
+    for magics in _LOADED.pop(shell, []):
         for kind, names in magics.magics.items():
             for name in names:
                 manager.magics[kind].pop(name, None)
