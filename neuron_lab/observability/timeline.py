@@ -57,9 +57,10 @@ def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width:
     """Several profiles' timelines in one figure, side by side: a column per title in
     ``columns``, and in it a row per ``(label, profile)``, one above the other.
 
-    The rows of a column share one time axis, starting at the column's earliest profile:
-    profiles of processes on one machine (the ranks of a distributed run) read the same
-    clock, so their launches line up as they happened."""
+    The rows of a column share one time axis, from the column's first launch (time before
+    it, imports and set-up, shows nothing) to its last profile's end: profiles of processes
+    on one machine (the ranks of a distributed run) read the same clock, so their launches
+    line up as they happened."""
     if not columns or not all(columns.values()):
         raise ValueError("timeline_grid needs at least one column, each with at least one (label, profile)")
     rows = max(len(c) for c in columns.values())
@@ -69,16 +70,21 @@ def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width:
     for panel, (title, profiles) in zip(panels, columns.items()):
         axes = panel.subplots(len(profiles), 1, sharex=True, squeeze=False,
                               height_ratios=lanes_per_row[:len(profiles)])[:, 0]
-        t0 = min(p.start_ns for _, p in profiles)
+        t0 = min(_first_activity_ns(p) for _, p in profiles)
         end_ms = max((p.end_ns - t0) / 1e6 for _, p in profiles)
         for ax, (label, profile) in zip(axes, profiles):
             draw_timeline(ax, profile, t0_ns=t0, end_ms=end_ms)
             ax.set_title(label, fontsize="medium", loc="left")
-        axes[-1].set_xlabel("time since the first profile started (ms)")
+        axes[-1].set_xlabel("time since the first launch (ms)")
         if title:
             panel.suptitle(title)
     fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=7, fontsize="small", frameon=False)
     return fig
+
+
+def _first_activity_ns(profile: "Profile") -> int:
+    """When the profile's first launch was enqueued (its start when it has none)."""
+    return min((l.enqueue_ns for l in profile.launches if l.start_ns), default=profile.start_ns)
 
 
 def draw_timeline(ax: "Axes", profile: "Profile", t0_ns: Optional[int] = None, end_ms: Optional[float] = None) -> None:
@@ -115,7 +121,7 @@ def draw_timeline(ax: "Axes", profile: "Profile", t0_ns: Optional[int] = None, e
         bar(LANE_COLLECTIVES, c.start_ns, c.duration_ns, _COLORS["collective"])
     ax.set_yticks(range(len(names)), names)
     ax.set_ylim(len(names) - 0.4, -0.6)
-    ax.set_xlim(0, max(ms(profile.end_ns) if end_ms is None else end_ms, 1e-3))
+    ax.set_xlim(0, max(ms(profile.end_ns) if end_ms is None else end_ms, 1e-3))  # what came before t0: cut
     ax.grid(axis="x", alpha=0.3)
 
 
