@@ -86,7 +86,9 @@ def _run_cell(cell_path: Path, namespace: dict, outcome: cell_job.Outcome, *, pr
 
     source = cell_path.read_text()
     tree = ast.parse(source, filename=str(cell_path))
-    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    # As in IPython: a last expression is the cell's value, unless a ';' ends the cell.
+    valued = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";")
+    last = tree.body.pop() if valued else None
     body = compile(tree, str(cell_path), "exec")
     expression = compile(ast.Expression(last.value), str(cell_path), "eval") if last is not None else None
 

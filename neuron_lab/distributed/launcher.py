@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -164,11 +164,13 @@ class _Run:
         self.lines.put((name, None))
 
     def wait(self, timeout: float | None, start_timeout: float) -> None:
-        """Shows output as it comes until torchrun exits; kills the ranks past a deadline or
-        when the caller is interrupted."""
+        """Shows output as it comes until torchrun exits. The clocks: ``start_timeout`` until
+        every rank is up, then ``timeout`` until every rank reported (the cell's own time),
+        then a grace period for the processes to exit. Past a deadline, or when the caller
+        is interrupted, every rank is killed."""
         open_streams = 2
-        start_deadline = self.started_at + start_timeout
-        cell_deadline: float | None = None
+        deadline = self.started_at + start_timeout
+        phase = "start"
         try:
             while open_streams:
                 try:
@@ -181,16 +183,19 @@ class _Run:
                     else:
                         self._show(name, line)
                 now = time.monotonic()
-                if cell_deadline is None and self._all_started():
-                    cell_deadline = now + timeout if timeout is not None else float("inf")
-                if cell_deadline is None and now > start_deadline:
+                if phase == "start" and self._all_have(cell_job.started_file):
+                    phase, deadline = "cell", now + timeout if timeout is not None else float("inf")
+                if phase == "cell" and self._all_have(cell_job.outcome_file):
+                    phase, deadline = "exit", now + _KILL_WAIT_S
+                if now <= deadline:
+                    continue
+                if phase == "start":
                     self.timed_out = (f"the {self.nproc} rank processes did not start and form their process group "
                                       f"within start_timeout={start_timeout:g} s")
-                elif cell_deadline is not None and now > cell_deadline:
+                elif phase == "cell":
                     self.timed_out = f"the cell did not finish on {self.nproc} ranks within timeout={timeout:g} s"
-                if self.timed_out:
-                    self._stop()
-                    break
+                self._stop()  # in the exit phase: every rank reported, only their exit is late
+                break
         except BaseException:  # KeyboardInterrupt (the kernel's interrupt) or anything else: no rank survives
             self._stop()
             raise
@@ -221,8 +226,9 @@ class _Run:
             if line is not None:
                 self._show(name, line)
 
-    def _all_started(self) -> bool:
-        return all(cell_job.started_file(self.folder, r).exists() for r in range(self.nproc))
+    def _all_have(self, marker: Callable[[Path, int], Path]) -> bool:
+        """Whether every rank wrote its ``marker`` file (started, outcome)."""
+        return all(marker(self.folder, r).exists() for r in range(self.nproc))
 
     def _stop(self) -> None:
         """Kills every rank (SIGKILL: a rank stuck in a collective ignores nothing), then torchrun."""
@@ -260,9 +266,18 @@ class _Run:
         failures = {o.rank: o.error for o in outcomes if o is not None and o.error is not None}
         missing = [r for r, o in enumerate(outcomes) if o is None]
         if failures or missing:
-            tail = "\n".join(self.launcher_lines[-_LAUNCHER_TAIL_LINES:])
-            return RankError(failure_message(self.nproc, failures, missing, tail), failures, missing, self.outputs)
+            summary = _launcher_summary(self.launcher_lines)
+            return RankError(failure_message(self.nproc, failures, missing, summary), failures, missing, self.outputs)
         return RanksResult(outcomes, self.outputs, elapsed)
+
+
+def _launcher_summary(lines: list[str]) -> str:
+    """torchrun's own account of a failure: its summary of the failed workers (exit codes,
+    signals) when it printed one, else its last lines."""
+    for i, line in enumerate(lines):
+        if line.strip() == "Failures:":
+            return "\n".join(lines[max(i - 3, 0):])
+    return "\n".join(lines[-_LAUNCHER_TAIL_LINES:])
 
 
 def _environment(nproc: int) -> dict[str, str]:
