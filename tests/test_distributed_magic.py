@@ -22,6 +22,7 @@ import neuron_lab.distributed as nd
 from neuron_lab.distributed import RankError, RanksResult, RankTimeoutError, compare_timelines, run_on_ranks
 from neuron_lab.distributed.cell_job import CellError, Outcome
 from neuron_lab.distributed.cell_rank import _keep_value
+from neuron_lab.distributed.launcher import _launcher_summary
 from neuron_lab.distributed.ranks_result import failure_message
 
 from conftest import unload_extension
@@ -247,6 +248,14 @@ def test_a_rank_that_died_is_named_and_its_peers_failures_are_consequences() -> 
     assert message.startswith("rank 1 (of 2 ranks) exited without a report: the process died")
     assert "rank 0: its collective at line 4 failed when rank 1 failed" in message
     assert "worker 1 exited with signal 9" in message
+
+
+def test_torchrun_s_summary_of_failed_workers_is_what_the_error_quotes() -> None:
+    lines = ["Traceback (most recent call last):", '  File "run.py", line 1', "ChildFailedError:",
+             "=" * 20, "neuron_lab.distributed.cell_rank FAILED", "-" * 20, "Failures:", "[1]:",
+             "  exitcode  : -9 (pid: 123)"]
+    assert _launcher_summary(lines).splitlines() == lines[3:]
+    assert _launcher_summary(["one", "two"]) == "one\ntwo"
 
 
 # ---- bad input to the twin (nothing starts) ------------------------------------------------
