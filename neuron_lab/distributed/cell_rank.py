@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -82,7 +81,7 @@ def _run_cell(cell_path: Path, namespace: dict, outcome: cell_job.Outcome, *, pr
     import contextlib
 
     import neuron_lab
-    from neuron_lab.distributed import collective_records, collective_totals
+    from neuron_lab.distributed import collective_totals
 
     source = cell_path.read_text()
     tree = ast.parse(source, filename=str(cell_path))
@@ -92,8 +91,7 @@ def _run_cell(cell_path: Path, namespace: dict, outcome: cell_job.Outcome, *, pr
     body = compile(tree, str(cell_path), "exec")
     expression = compile(ast.Expression(last.value), str(cell_path), "eval") if last is not None else None
 
-    totals_before = collective_totals()
-    start_ns = time.monotonic_ns()
+    totals_before = collective_totals()  # counts and bytes: unbounded, unlike the record ring
     profiler = neuron_lab.profiler.profile(label=f"rank {outcome.rank}") if profile else contextlib.nullcontext()
     with profiler as prof, neuron_lab.explain_scope(label=f"rank {outcome.rank}") as explanation:
         exec(body, namespace)
@@ -101,8 +99,7 @@ def _run_cell(cell_path: Path, namespace: dict, outcome: cell_job.Outcome, *, pr
     outcome.wall_s = explanation.wall_s
     outcome.device_s = explanation.device_s
     outcome.collectives = _difference(collective_totals(), totals_before)
-    outcome.collective_s = sum(r.duration_ns for r in collective_records(start_ns)
-                               if r.start_ns >= start_ns) / 1e9
+    outcome.collective_s = explanation.collective_s
     outcome.profile = prof if profile else None
     if outcome.rank == 0 and expression is not None:
         _keep_value(value, outcome)

@@ -57,8 +57,8 @@ def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width:
     """Several profiles' timelines in one figure, side by side: a column per title in
     ``columns``, and in it a row per ``(label, profile)``, one above the other.
 
-    The rows of a column share one time axis, from the column's first launch (time before
-    it, imports and set-up, shows nothing) to its last profile's end: profiles of processes
+    The rows of a column share one time axis, from the column's first launch or collective
+    (time before it, imports and set-up, shows nothing) to its last profile's end: profiles of processes
     on one machine (the ranks of a distributed run) read the same clock, so their launches
     line up as they happened."""
     if not columns or not all(columns.values()):
@@ -75,7 +75,7 @@ def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width:
         for ax, (label, profile) in zip(axes, profiles):
             draw_timeline(ax, profile, t0_ns=t0, end_ms=end_ms)
             ax.set_title(label, fontsize="medium", loc="left")
-        axes[-1].set_xlabel("time since the first launch (ms)")
+        axes[-1].set_xlabel("time since the first launch or collective (ms)")
         if title:
             panel.suptitle(title)
     fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=7, fontsize="small", frameon=False)
@@ -83,8 +83,11 @@ def timeline_grid(columns: Mapping[str, Sequence[tuple[str, "Profile"]]], width:
 
 
 def _first_activity_ns(profile: "Profile") -> int:
-    """When the profile's first launch was enqueued (its start when it has none)."""
-    return min((l.enqueue_ns for l in profile.launches if l.start_ns), default=profile.start_ns)
+    """When the profile's first launch was enqueued or its first collective began (its
+    start when it has neither)."""
+    times = [l.enqueue_ns for l in profile.launches if l.start_ns]
+    times += [c.start_ns for c in getattr(profile, "collectives", ())]
+    return min(times, default=profile.start_ns)
 
 
 def draw_timeline(ax: "Axes", profile: "Profile", t0_ns: Optional[int] = None, end_ms: Optional[float] = None) -> None:
