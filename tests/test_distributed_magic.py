@@ -1,4 +1,4 @@
-"""A notebook cell on N ranks: ``neuron_lab.distributed.run_on_ranks`` and ``%%neuron_distributed``.
+"""A notebook cell on N ranks: ``neuron_lab.launch.run_on_ranks`` and ``%%neuron_distributed``.
 
 Each launch starts fresh processes under torchrun (seconds each on this machine), so a few
 module-scoped runs cover the cases: one successful profiled run of the twin, the same cell
@@ -18,12 +18,12 @@ from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
-import neuron_lab.distributed as nd
-from neuron_lab.distributed import RankError, RanksResult, RankTimeoutError, compare_timelines, run_on_ranks
-from neuron_lab.distributed.cell_job import CellError, Outcome
-from neuron_lab.distributed.cell_rank import _keep_value
-from neuron_lab.distributed.launcher import _launcher_summary
-from neuron_lab.distributed.ranks_result import failure_message
+import neuron_lab.launch as nd
+from neuron_lab.launch import RankError, RanksResult, RankTimeoutError, compare_timelines, run_on_ranks
+from neuron_lab.launch.job import CellError, Outcome
+from neuron_lab.launch.rank_main import _keep_value
+from neuron_lab.launch.runner import _launcher_summary
+from neuron_lab.launch.result import failure_message
 
 from conftest import unload_extension
 
@@ -252,7 +252,7 @@ def test_a_rank_that_died_is_named_and_its_peers_failures_are_consequences() -> 
 
 def test_torchrun_s_summary_of_failed_workers_is_what_the_error_quotes() -> None:
     lines = ["Traceback (most recent call last):", '  File "run.py", line 1', "ChildFailedError:",
-             "=" * 20, "neuron_lab.distributed.cell_rank FAILED", "-" * 20, "Failures:", "[1]:",
+             "=" * 20, "neuron_lab.launch.rank_main FAILED", "-" * 20, "Failures:", "[1]:",
              "  exitcode  : -9 (pid: 123)"]
     assert _launcher_summary(lines).splitlines() == lines[3:]
     assert _launcher_summary(["one", "two"]) == "one\ntwo"
@@ -308,7 +308,11 @@ def test_an_unprofiled_run_says_how_to_get_timelines() -> None:
         result.timeline()
 
 
-def test_the_package_exports_the_runner_lazily() -> None:
+def test_the_package_exports_the_runner_and_the_backend_does_not_load_it() -> None:
     assert nd.run_on_ranks is run_on_ranks and "run_on_ranks" in nd.__all__
-    with pytest.raises(AttributeError):
-        nd.not_a_name  # noqa: B018
+    from conftest import run_python
+
+    done = run_python("import sys, neuron_lab, neuron_lab.distributed; "
+                      "print(sorted(m for m in sys.modules if m.startswith('neuron_lab.launch')))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

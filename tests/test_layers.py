@@ -10,7 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_CSRC = ROOT / "neuron_lab" / "device" / "csrc"
 # What lies above the device: the runtime, the workbench and their top-level shims.
-UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "distributed", "metrics",
+UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "distributed", "launch",
+                  "metrics",
                   "profiler")
 
 
@@ -94,36 +95,24 @@ def test_only_the_device_layer_imports_its_extension() -> None:
         assert not beyond, f"{owner} imports more than _C.adaptive: {beyond}"
 
 
-# The workbench's side of neuron_lab.distributed: run_on_ranks runs a notebook cell on N
-# ranks under the profiler and shows the result, so it stands above the runtime and
-# observability (never the magics: %%neuron_distributed wraps it, not the reverse). The
-# backend does not import it (neuron_lab.distributed loads it on first use).
-DISTRIBUTED_RUNNER = {"launcher.py", "cell_rank.py", "cell_job.py", "ranks_result.py"}
-
-
 def test_the_distributed_backend_knows_only_the_device() -> None:
     """The c10d backend is a layer over the device's host-kernel interface: it knows
     nothing of the runtime (flushes reach it through the device's interceptor) nor of the
-    workbench that shows its records."""
+    workbench that shows its records or runs cells on ranks (``neuron_lab.launch``)."""
     offending = []
     for path in sorted((ROOT / "neuron_lab" / "distributed").rglob("*.py")):
-        if path.name in DISTRIBUTED_RUNNER:
-            continue
         for line, name in _imports_of(path):
             if _is_in(name, "neuron_lab") and not (_is_in(name, "neuron_lab.device")
                                                    or _is_in(name, "neuron_lab.distributed")):
                 offending.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
-            if any(_is_in(name, f"neuron_lab.distributed.{m.removesuffix('.py')}") for m in DISTRIBUTED_RUNNER):
-                offending.append(f"{path.relative_to(ROOT)}:{line}: imports the runner: {name}")
     assert not offending, "\n".join(offending)
 
 
-def test_the_distributed_runner_never_imports_the_magics() -> None:
-    runner = ROOT / "neuron_lab" / "distributed"
-    for name in sorted(DISTRIBUTED_RUNNER):
-        assert (runner / name).exists(), f"{name} moved: update DISTRIBUTED_RUNNER"
-    offending = [f"{name}:{line}: imports {module}" for name in sorted(DISTRIBUTED_RUNNER)
-                 for line, module in _imports_of(runner / name)
+def test_the_cell_runner_never_imports_the_magics() -> None:
+    """``%%neuron_distributed`` wraps ``neuron_lab.launch.run_on_ranks``, not the reverse."""
+    offending = [f"{path.name}:{line}: imports {module}"
+                 for path in sorted((ROOT / "neuron_lab" / "launch").glob("*.py"))
+                 for line, module in _imports_of(path)
                  if _is_in(module, "neuron_lab.magics") or _is_in(module, "IPython")]
     assert not offending, "\n".join(offending)
 

@@ -10,14 +10,10 @@ A layer above the device: it uses the device's host-kernel interface for collect
 (one launch of the current stream, a typed ``Reason.COLLECTIVE`` flush) and nothing of
 the runtime above it.
 
-``run_on_ranks(code, nproc)`` runs a notebook cell on N ranks under torchrun and returns a
-``RanksResult`` (``launcher.py``; the twin of ``%%neuron_distributed``). It and its result
-types load on first use, so that registering the backend stays cheap.
+To run a notebook cell on N ranks, see ``neuron_lab.launch`` (``%%neuron_distributed``).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch.distributed as dist
 
@@ -25,11 +21,7 @@ from neuron_lab.distributed.agreement import CollectiveMismatchError
 from neuron_lab.distributed.records import CollectiveRecord, collective_records, collective_totals
 
 __all__ = ["BACKEND", "CollectiveMismatchError", "CollectiveRecord", "collective_records", "collective_totals",
-           "register_backend", "run_on_ranks", "RanksResult", "RankReport", "RankError", "RankTimeoutError",
-           "compare_timelines"]
-
-_LAUNCHER_NAMES = {"run_on_ranks": "launcher", "RanksResult": "ranks_result", "RankReport": "ranks_result",
-                   "RankError": "ranks_result", "RankTimeoutError": "ranks_result", "compare_timelines": "ranks_result"}
+           "register_backend"]
 
 BACKEND = "neuron"
 
@@ -47,12 +39,3 @@ def register_backend() -> None:
 
     dist.Backend.register_backend(BACKEND, create, devices=["neuron"])
 
-
-def __getattr__(name: str) -> Any:
-    """``run_on_ranks`` and its result types, imported on first use."""
-    module = _LAUNCHER_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'neuron_lab.distributed' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"neuron_lab.distributed.{module}"), name)

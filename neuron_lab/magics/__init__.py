@@ -11,7 +11,7 @@ magic                      what it does                                         
 ``%neuron_status``         devices, streams, queue depths, graph cache, counters  ``neuron_lab.magics.status()``
 ``%neuron_explain``        diagnosis of the previous cell that used the device    ``neuron_lab.explain_scope()``
 ``%neuron_dashboard``      live ipywidgets dashboard                              ``neuron_lab.Dashboard()``
-``%%neuron_distributed``   the cell on N ranks: output per rank, times, bytes     ``neuron_lab.distributed.run_on_ranks()``
+``%%neuron_distributed``   the cell on N ranks: output per rank, times, bytes     ``neuron_lab.launch.run_on_ranks()``
 =========================  =====================================================  ===========================================
 
 Modules: ``extension`` (load/unload), ``autotime`` (per-cell scope: events and an AST

@@ -1,5 +1,5 @@
 """``%%neuron_distributed``: runs the cell on N ranks, a thin wrapper of its plain-Python
-twin ``neuron_lab.distributed.run_on_ranks`` (which does all the work; this module reads
+twin ``neuron_lab.launch.run_on_ranks`` (which does all the work; this module reads
 options and the notebook's variables to push, and displays the result).
 """
 
@@ -12,7 +12,7 @@ from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from neuron_lab.distributed import launcher
+from neuron_lab.launch import runner as launcher
 from neuron_lab.magics.display import FigureDisplay
 
 __all__ = ["DistributedMagics"]
@@ -47,7 +47,7 @@ class DistributedMagics(Magics):
 
         Plain-Python twin::
 
-            result = neuron_lab.distributed.run_on_ranks(code, nproc=2, push={"lr": lr}, timeout=600,
+            result = neuron_lab.launch.run_on_ranks(code, nproc=2, push={"lr": lr}, timeout=600,
                                                          profile=False)
             result.value; result.ranks; result.slowest_rank; result.timeline()
 

@@ -3,9 +3,9 @@ of ``%%neuron_distributed``.
 
 The cell goes to a file, torchrun starts N fresh processes with the kernel's own
 interpreter (``python -m torch.distributed.run --standalone``), each runs
-``neuron_lab.distributed.cell_rank`` on it, and this module streams their output into the
+``neuron_lab.launch.rank_main`` on it, and this module streams their output into the
 caller's, each line labelled by its rank, then collects what each rank reported
-(``cell_job.py``) into a ``RanksResult`` or raises a ``RankError``/``RankTimeoutError``.
+(``job.py``) into a ``RanksResult`` or raises a ``RankError``/``RankTimeoutError``.
 The caller's process (the notebook kernel) runs none of the cell and stays usable,
 whatever the ranks do.
 """
@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from neuron_lab.distributed import cell_job
-from neuron_lab.distributed.ranks_result import RankError, RanksResult, RankTimeoutError, failure_message
+from neuron_lab.launch import job as cell_job
+from neuron_lab.launch.result import RankError, RanksResult, RankTimeoutError, failure_message
 
 __all__ = ["run_on_ranks", "DEFAULT_TIMEOUT_S", "START_TIMEOUT_S"]
 
@@ -148,7 +148,7 @@ class _Run:
         self.killed: list[int] = []
         self.process = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--tee=3",
-             f"--log-dir={folder / 'logs'}", "-m", "neuron_lab.distributed.cell_rank", str(folder)],
+             f"--log-dir={folder / 'logs'}", "-m", "neuron_lab.launch.rank_main", str(folder)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             errors="replace", bufsize=1, env=_environment(nproc), start_new_session=True)
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()

@@ -1,9 +1,9 @@
-"""One rank of a cell run on N ranks: ``python -m neuron_lab.distributed.cell_rank FOLDER``,
-started by torchrun from ``neuron_lab.distributed.run_on_ranks``.
+"""One rank of a cell run on N ranks: ``python -m neuron_lab.launch.rank_main FOLDER``,
+started by torchrun from ``neuron_lab.launch.run_on_ranks``.
 
 It sets the rank's device (``neuron:LOCAL_RANK % device_count``), initialises the
 ``"neuron"`` process group, runs the cell in a fresh ``__main__`` namespace holding the
-predefined names and the pushed values, and writes its ``Outcome`` (``cell_job.py``):
+predefined names and the pushed values, and writes its ``Outcome`` (``job.py``):
 the time and collectives of the cell, rank 0's last expression pickled, or the error with
 the cell's line. A failed rank exits at once, so that its peers' collectives fail fast
 instead of waiting for it.
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from neuron_lab.distributed import cell_job
+from neuron_lab.launch import job as cell_job
 
 __all__ = ["main"]
 
@@ -202,6 +202,6 @@ def _finish() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m neuron_lab.distributed.cell_rank FOLDER (started by neuron_lab.distributed."
+        sys.exit("usage: python -m neuron_lab.launch.rank_main FOLDER (started by neuron_lab.launch."
                  "run_on_ranks)")
     sys.exit(main(Path(sys.argv[1])))

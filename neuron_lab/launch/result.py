@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_lab.device.units import format_bytes
-from neuron_lab.distributed.cell_job import CellError, Outcome
+from neuron_lab.launch.job import CellError, Outcome
 from neuron_lab.observability.explain import format_seconds
 
 __all__ = ["RankReport", "RanksResult", "RankError", "RankTimeoutError", "compare_timelines", "failure_message"]

@@ -1,7 +1,7 @@
 """What a cell run on N ranks shares between the caller and its ranks: one folder.
 
-The caller (``launcher.py``) writes the cell's code and a ``Job``; each rank
-(``cell_rank.py``) writes its process id when it starts, a marker once the process group
+The caller (``runner.py``) writes the cell's code and a ``Job``; each rank
+(``rank_main.py``) writes its process id when it starts, a marker once the process group
 is up, and one ``Outcome`` when the cell finished or failed. Plain files and pickle: the
 ranks are fresh processes started by torchrun, with nothing else shared.
 """
