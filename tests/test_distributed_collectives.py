@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from ranks import SCRIPTS, run_on_ranks
+from rank_scripts.bad_input import CASES as BAD_CASES
 from rank_scripts.collectives import case_names
 
 
@@ -51,3 +52,57 @@ def test_collective_matches_gloo(collective_reports: Callable[[int], Reports], w
     failures = {rank: reports[rank]["cases"][case]["problems"] for rank in members
                 if not reports[rank]["cases"][case]["ok"]}
     assert not failures, "\n".join(f"rank {rank}: {'; '.join(p)}" for rank, p in failures.items())
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bad_input_reports() -> Reports:
+    """Each rank's report of the bad-input lifecycle (one launch, 2 ranks)."""
+    return run_on_ranks(SCRIPTS / "bad_input.py", 2, timeout=600)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_bad_call_raises_clearly_on_every_rank_and_the_group_stays_usable(bad_input_reports: Reports,
+                                                                           case: str) -> None:
+    _, errors, mentions = BAD_CASES[case]
+    for rank, rep in enumerate(bad_input_reports):
+        result = rep["cases"][case]
+        assert result["raised"] == errors[rank], f"rank {rank}: {result}"
+        for words in mentions[rank]:
+            assert words in result["message"], f"rank {rank}: {words!r} not in {result['message']!r}"
+        assert result["usable"], f"rank {rank}: the all_reduce after {case} did not match gloo's"
+
+
+def test_no_backend_argument_picks_the_neuron_backend(bad_input_reports: Reports) -> None:
+    for rep in bad_input_reports:
+        no_backend = rep["lifecycle"]["no_backend"]
+        # torch 2.13 keeps the backend argument as given ("undefined") for get_backend(), on
+        # every device; the backend that runs is in the group's config and class.
+        assert no_backend["get_backend"] == "undefined"
+        assert no_backend["backend_config"] == "neuron:neuron"
+        assert no_backend["neuron_group"] and no_backend["subgroup_neuron"]
+        assert no_backend["all_reduce"] and no_backend["subgroup_all_reduce"]
+
+
+def test_destroy_then_init_again(bad_input_reports: Reports) -> None:
+    for rep in bad_input_reports:
+        assert rep["lifecycle"]["first_init_usable"]
+        assert rep["lifecycle"]["second_init"] == {"get_backend": "neuron", "usable": True}
+
+
+def test_cpu_and_neuron_group_carries_both(bad_input_reports: Reports) -> None:
+    for rep in bad_input_reports:
+        assert rep["lifecycle"]["mixed"] == {
+            "get_backend": "cpu:gloo,neuron:neuron", "cpu_all_reduce": True, "neuron_all_reduce": True,
+            "cpu_all_gather": True, "neuron_all_gather": True, "objects": True}
+
+
+def test_a_dead_rank_makes_the_survivor_raise() -> None:
+    survivor, dead = run_on_ranks(SCRIPTS / "dead_rank.py", 2, timeout=300, expect_failure=True)
+    assert dead == {}
+    assert survivor["first"] == [[2.0] * 4] * 3
+    assert survivor["raised"] == "DistBackendError" and survivor["is_dist_backend_error"]
+    for words in ("all_reduce on the neuron process group", "rank 0 of 2", "failed in its transport",
+                  "timeout 0:00:20"):
+        assert words in survivor["message"]
