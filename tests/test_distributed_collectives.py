@@ -16,6 +16,7 @@ import pytest
 
 from ranks import SCRIPTS, run_on_ranks
 from rank_scripts.bad_input import CASES as BAD_CASES
+from rank_scripts.bad_input import REINIT_CYCLES
 from rank_scripts.collectives import case_names
 
 
@@ -89,6 +90,7 @@ def test_destroy_then_init_again(bad_input_reports: Reports) -> None:
     for rep in bad_input_reports:
         assert rep["lifecycle"]["first_init_usable"]
         assert rep["lifecycle"]["second_init"] == {"get_backend": "neuron", "usable": True}
+        assert rep["lifecycle"]["cycles"] == [True] * REINIT_CYCLES
 
 
 def test_cpu_and_neuron_group_carries_both(bad_input_reports: Reports) -> None:

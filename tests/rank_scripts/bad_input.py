@@ -5,7 +5,8 @@ One launch (2 ranks) goes through the lifecycle of the process group:
 1. ``init_process_group()`` with no backend picks the neuron backend for neuron tensors;
 2. ``destroy_process_group()``, then ``init_process_group("neuron")``: the bad calls
    (``CASES``), each followed by a good all_reduce;
-3. destroy again, a second ``init_process_group("neuron")`` works;
+3. destroy again, a second ``init_process_group("neuron")`` works, and more cycles of init,
+   subgroup and destroy;
 4. ``init_process_group("cpu:gloo,neuron:neuron")`` carries CPU and neuron tensors.
 The rank reports ``{"lifecycle": {...}, "cases": {name: {"raised", "message", "usable"}}}``.
 """
@@ -23,6 +24,7 @@ import torch.distributed as dist
 __all__ = ["CASES"]
 
 TIMEOUT = timedelta(seconds=60)
+REINIT_CYCLES = 4
 
 
 def _device() -> torch.device:
@@ -213,6 +215,16 @@ def _no_backend() -> tuple[dict[str, Any], dist.ProcessGroupGloo]:
     return result, reference
 
 
+def _cycle(reference: dist.ProcessGroupGloo) -> bool:
+    """One more init, subgroup, all_reduces and destroy: the groups of a new init must not
+    meet the destroyed ones' keys in the store (which connect or not depending on timing,
+    so several cycles make a stale read show)."""
+    dist.init_process_group("neuron", timeout=TIMEOUT)
+    usable = _good_all_reduce(reference) and _good_all_reduce(reference, dist.new_group(ranks=[0, 1]))
+    dist.destroy_process_group()
+    return usable
+
+
 def _mixed(reference: dist.ProcessGroupGloo) -> dict[str, Any]:
     """``"cpu:gloo,neuron:neuron"``: CPU tensors go to gloo, neuron tensors to the neuron backend."""
     dist.init_process_group("cpu:gloo,neuron:neuron", timeout=TIMEOUT)
@@ -252,6 +264,7 @@ def main() -> None:
     dist.init_process_group("neuron", timeout=TIMEOUT)
     lifecycle["second_init"] = {"get_backend": str(dist.get_backend()), "usable": _good_all_reduce(reference)}
     dist.destroy_process_group()
+    lifecycle["cycles"] = [_cycle(reference) for _ in range(REINIT_CYCLES)]
     lifecycle["mixed"] = _mixed(reference)
     report({"lifecycle": lifecycle, "cases": cases})
 
