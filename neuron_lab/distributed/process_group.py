@@ -450,7 +450,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _gather_into_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         self._check_gathered(name, output, input)
         plan = self._plan(name, [input], [output], bus=1.0, outputs=[output], total=_nbytes([output]))
-        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0], r[0]),
+        # flat: the output may stack the inputs (world, *input.shape), which gloo refuses
+        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0].view(-1), r[0].view(-1)),
                          local=lambda rows, w: torch.cat([row.reshape(-1) for row in rows], out=w[0].view(-1)))
 
     @_together("reduce_scatter")
