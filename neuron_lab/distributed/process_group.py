@@ -591,6 +591,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         return self._point_to_point("recv", tensors, src, tag)
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        """``dist.recv`` / ``irecv`` without a source (without this, c10d handed the neuron
+        tensors to the inner gloo group and the receive never completed)."""
+        return self._point_to_point("recv", tensors, -1, tag)
+
     def _point_to_point(self, name: str, tensors: list[torch.Tensor], peer: int, tag: int) -> dist.Work:
         self._check(name, tensors)
         start = now_ns()
@@ -601,7 +606,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         ready = now_ns()
         staged = [_Staged(t, read=sending) for t in tensors]
         hosts = [s.host for s in staged]
-        work = (self._gloo.send if sending else self._gloo.recv)(hosts, peer, tag)
+        if peer < 0:  # a receive from any rank
+            work = self._gloo.recv_anysource(hosts, tag)
+        else:
+            work = (self._gloo.send if sending else self._gloo.recv)(hosts, peer, tag)
         device = device_tensors[0].device.index if device_tensors else -1
         nbytes = _nbytes(tensors)
         plan = _Plan(name, tensors, [], nbytes, nbytes, Signature(name, None, None), tensors)
@@ -614,7 +622,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     note_written(device_tensors)
             self._record(plan, start, ready, device)
 
-        what = f"{name} {'to' if sending else 'from'} rank {peer}"
+        what = f"{name} {'to' if sending else 'from'} {f'rank {peer}' if peer >= 0 else 'any rank'}"
         return _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
 
 
@@ -640,6 +648,10 @@ class _PointToPointWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._done or self._inner.is_completed()
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any rank got its data from (after ``wait()``)."""
+        return self._inner._source_rank()
 
     def get_future(self) -> torch.futures.Future:
         """A future of the tensors (waits for the transfer first)."""
