@@ -184,6 +184,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self._serves_cpu: bool | None = None  # decided at the first CPU tensor
         self._agreed = False  # whether the current collective's ranks have met (see _together)
+        self._coalesced_point_to_point: list[dist.Work] | None = None  # inside _coalescing_manager(device=)
 
     # ---- identity (functional collectives and DeviceMesh look groups up by name) ----
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -584,6 +585,22 @@ class NeuronProcessGroup(dist.ProcessGroup):
         record_collective(CollectiveRecord("barrier", self._name, self._size, self._rank, -1, 0, 0, start, now_ns(), 0))
         return _completed([])
 
+    # ---- dist._coalescing_manager(group, device) -------------------------------------
+    def _start_coalescing(self, device: torch.device) -> None:
+        """The manager records the block's all_reduce, all_gather_into_tensor and
+        reduce_scatter_tensor calls and issues them as one ``*_coalesced`` call of this group;
+        other collectives here are synchronous, so what is left to group are the sends and
+        receives of the block. (Without this, c10d asked the inner gloo group, which raised
+        "Backend gloo does not implement startCoalescing".)"""
+        self._coalesced_point_to_point = []
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        """Waits for the block's sends and receives (all posted by now); completed work."""
+        works, self._coalesced_point_to_point = self._coalesced_point_to_point or [], None
+        for work in works:
+            work.wait()
+        return _completed([])
+
     # ---- point to point (asynchronous) -------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         return self._point_to_point("send", tensors, dst, tag)
@@ -623,7 +640,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._record(plan, start, ready, device)
 
         what = f"{name} {'to' if sending else 'from'} {f'rank {peer}' if peer >= 0 else 'any rank'}"
-        return _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
+        point_to_point = _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
+        if self._coalesced_point_to_point is not None:
+            self._coalesced_point_to_point.append(point_to_point)
+        return point_to_point
 
 
 class _PointToPointWork(dist.Work):
