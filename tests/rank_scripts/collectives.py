@@ -4,7 +4,7 @@ Each case is one collective called the same way twice on every rank: on the neur
 process group with neuron tensors, then on a gloo group of the same ranks with CPU
 tensors of the same values. The neuron outputs must equal gloo's (exactly, or within
 1e-5 for float reductions). Variants: float32, bfloat16, int64; non-contiguous inputs
-(transposed) and outputs (rows with a step); empty tensors; a side stream; inputs still
+(transposed) and outputs (rows with a step), views at a storage offset; empty tensors; a side stream; inputs still
 pending in adaptive eager; ``async_op=True``. Then subgroups, and on 4 ranks the two
 dimensions of a (2, 2) device mesh. One launch runs every case; the rank reports
 ``{case: {"ok", "problems"}}`` and pytest checks each case (``case_names`` lists them).
@@ -29,7 +29,7 @@ import torch.distributed as dist
 __all__ = ["case_names"]
 
 FLOAT_VARIANTS = ["float32", "bfloat16"]
-VARIANTS = ["float32", "bfloat16", "int64", "strided", "empty", "stream", "pending", "async"]
+VARIANTS = ["float32", "bfloat16", "int64", "strided", "offset", "empty", "stream", "pending", "async"]
 _DTYPES = {"bfloat16": torch.bfloat16, "int64": torch.int64}
 _SENTINEL = -3  # what outputs hold before a collective writes them
 _ROWS, _COLS = 3, 4
@@ -79,8 +79,14 @@ class Side:
         base = self.values(rows, salt, **range_)
         if not self.neuron:
             return base
-        if self.variant == "strided":  # a transposed view: same values, columns contiguous
-            return base.t().contiguous().to(self.device).t()
+        if self.variant == "strided":  # a transposed view at an offset: same values, columns contiguous
+            holder = torch.zeros(self.cols + 1, rows, dtype=self.dtype, device=self.device)
+            holder[1:] = base.t().to(self.device)
+            return holder[1:].t()
+        if self.variant == "offset":  # contiguous, one row into a larger tensor
+            holder = torch.zeros(rows + 1, self.cols, dtype=self.dtype, device=self.device)
+            holder[1:] = base.to(self.device)
+            return holder[1:]
         if self.variant == "pending":  # computed by ops right here, never read on the host
             import neuron_lab.adaptive_eager as ae
 
@@ -90,11 +96,13 @@ class Side:
         return base.to(self.device)
 
     def output(self, rows: int) -> torch.Tensor:
-        """An output of ``rows`` x cols holding the sentinel; strided: every other row of a buffer."""
-        if self.neuron and self.variant == "strided":
-            buffer = torch.full((2 * rows, self.cols), _SENTINEL, dtype=self.dtype, device=self.device)
-            self.gaps.append(buffer[1::2])
-            return buffer[::2]
+        """An output of ``rows`` x cols holding the sentinel; strided: every other row of a
+        buffer, from its second row; offset: a buffer from its second row."""
+        if self.neuron and self.variant in ("strided", "offset"):
+            step = 2 if self.variant == "strided" else 1
+            buffer = torch.full((step * rows + 1, self.cols), _SENTINEL, dtype=self.dtype, device=self.device)
+            self.gaps.append(buffer[0::2] if step == 2 else buffer[:1])
+            return buffer[1::step]
         return torch.full((rows, self.cols), _SENTINEL, dtype=self.dtype, device=self.device)
 
     def call(self, collective: Callable[..., Any], *args: Any, outputs: list[torch.Tensor], **kwargs: Any) -> None:
@@ -177,6 +185,36 @@ def _all_gather_into_tensor(side: Side) -> list[Any]:
     return [out]
 
 
+def _all_gather_into_tensor_stacked(side: Side) -> list[Any]:
+    """The output form that stacks the inputs, (world, *input.shape); gloo's reference is
+    the concatenation (gloo refuses the stacked form), seen as the stack."""
+    out = side.output(_ROWS * side.size)
+    x = side.input(_ROWS)
+    stacked = out.unflatten(0, (side.size, _ROWS))
+    target = stacked if side.neuron else out
+    side.call(dist.all_gather_into_tensor, target, x, outputs=[target])
+    return [stacked]
+
+
+def _in_place(collective: str) -> Case:
+    """FSDP's in-place forms: all_gather_into_tensor whose input is this rank's chunk of the
+    output, reduce_scatter_tensor whose output is this rank's chunk of the input."""
+
+    def case(side: Side) -> list[Any]:
+        n, me = side.size, side.rank
+        if collective == "all_gather_into_tensor":
+            whole = side.output(_ROWS * n)
+            whole[me * _ROWS:(me + 1) * _ROWS] = side.input(_ROWS)
+            side.call(dist.all_gather_into_tensor, whole, whole[me * _ROWS:(me + 1) * _ROWS], outputs=[whole])
+            return [whole]
+        whole = side.input(_ROWS * n)
+        chunk = whole[me * _ROWS:(me + 1) * _ROWS]
+        side.call(dist.reduce_scatter_tensor, chunk, whole, outputs=[chunk])
+        return [chunk]
+
+    return case
+
+
 def _all_gather_coalesced(side: Side) -> list[Any]:
     outs = [[side.output(_ROWS), side.output(1)] for _ in range(side.size)]
     flat = [t for group in outs for t in group]
@@ -190,9 +228,10 @@ def _all_reduce_coalesced(side: Side) -> list[Any]:
     return xs
 
 
-def _coalesced(collective: str) -> Case:
+def _coalesced(collective: str, with_device: bool = False) -> Case:
     """``dist._coalescing_manager`` around two collectives of one kind (its fast path:
-    one ``*_coalesced`` call of the group)."""
+    one ``*_coalesced`` call of the group); ``with_device``: the neuron side names the
+    device, as NCCL-style code does (gloo's reference cannot: it has no coalescing)."""
 
     def case(side: Side) -> list[Any]:
         if collective == "all_reduce":
@@ -207,7 +246,8 @@ def _coalesced(collective: str) -> Case:
             calls = [(dist.reduce_scatter_tensor, (outs[0], side.input(_ROWS * side.size, 1))),
                      (dist.reduce_scatter_tensor, (outs[1], side.input(side.size, 2)))]
         asynchronous = side.variant == "async"
-        with side.stream(), dist._coalescing_manager(side.group, async_ops=asynchronous) as manager:
+        device = side.device if with_device and side.neuron else None
+        with side.stream(), dist._coalescing_manager(side.group, device, async_ops=asynchronous) as manager:
             for function, args in calls:
                 function(*args, group=side.group)
         if asynchronous:
@@ -321,6 +361,41 @@ def _send_recv(side: Side) -> list[Any]:
     return [out]
 
 
+def _recv_any_source(side: Side) -> list[Any]:
+    """The ring of ``_send_recv`` with receives that name no source: each rank hears from
+    one rank only, so the source must be the previous one."""
+    n, me = side.size, side.rank
+    out, x = side.output(_ROWS), side.input(_ROWS)
+    nxt, prev = side.ranks[(me + 1) % n], side.ranks[(me - 1) % n]
+    source = None
+    with side.stream():
+        for step in ("send", "recv") if me % 2 == 0 else ("recv", "send"):
+            if step == "send":
+                dist.send(x, nxt, group=side.group)
+            else:
+                source = dist.recv(out, group=side.group)
+    return [out, source == prev]
+
+
+def _coalesced_point_to_point(side: Side) -> list[Any]:
+    """isend/irecv of a ring inside ``_coalescing_manager(group, device)`` (neuron side; the
+    gloo reference posts the same pair and waits for it)."""
+    n, me = side.size, side.rank
+    out, x = side.output(_ROWS), side.input(_ROWS)
+    nxt, prev = side.ranks[(me + 1) % n], side.ranks[(me - 1) % n]
+    if not side.neuron:
+        works = [dist.isend(x, nxt, group=side.group), dist.irecv(out, prev, group=side.group)]
+        for work in works:
+            work.wait()
+        return [out]
+    with side.stream(), dist._coalescing_manager(side.group, side.device, async_ops=side.variant == "async") as cm:
+        dist.isend(x, nxt, group=side.group)
+        dist.irecv(out, prev, group=side.group)
+    if side.variant == "async":
+        cm.wait()
+    return [out]
+
+
 def _batch_isend_irecv(side: Side) -> list[Any]:
     n, me = side.size, side.rank
     out, x = side.output(_ROWS), side.input(_ROWS)
@@ -352,7 +427,10 @@ def _barrier_round(side: Side) -> str:
 def _objects(side: Side) -> list[Any]:
     """The object collectives (objects carry a CPU tensor; its values are compared)."""
     me, n = side.rank, side.size
-    mine = {"rank": dist.get_rank(), "text": "x" * (me + 1), "tensor": torch.arange(me + 2)}
+    mine = {"rank": dist.get_rank(), "text": "x" * (me + 1), "tensor": torch.arange(me + 2),
+            "on_device": torch.arange(3).to(side.device) * (me + 1)}
+    if side.neuron:  # pickling a still-pending neuron tensor writes zeros (a device gap, not the backend's)
+        torch.neuron.synchronize()
     gathered: list[Any] = [None] * n
     dist.all_gather_object(gathered, mine, group=side.group)
     broadcast = [mine, me] if me == n - 1 else [None, None]
@@ -362,12 +440,15 @@ def _objects(side: Side) -> list[Any]:
     scattered: list[Any] = [None]
     dist.scatter_object_list(scattered, [{"for": r, "tensor": torch.full((2,), r)} for r in range(n)]
                              if me == 0 else None, group_src=0, group=side.group)
-    return [_plain(gathered), _plain(broadcast), _plain(gathered_at_root), _plain(scattered)]
+    device_type = side.device.type
+    arrived_on_device = all(o["on_device"].device.type == device_type for o in gathered) and \
+        broadcast[0]["on_device"].device.type == device_type
+    return [_plain(gathered), _plain(broadcast), _plain(gathered_at_root), _plain(scattered), arrived_on_device]
 
 
 def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return ("tensor", str(value.device), value.tolist())
+        return ("tensor", value.tolist())
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -378,6 +459,8 @@ def _plain(value: Any) -> Any:
 # name -> (case, comparison, variants)
 _ALL_VARIANTS = VARIANTS
 _NO_INT = [v for v in VARIANTS if v != "int64"]
+_IN_PLACE_VARIANTS = ["float32", "bfloat16", "int64", "empty", "stream", "pending", "async"]  # views of one tensor
+_SAMPLE_VARIANTS = ["float32", "int64", "pending", "async"]
 COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
     **{f"all_reduce_{op.lower()}": (_all_reduce(op), CLOSE, _ALL_VARIANTS) for op in ("SUM", "MIN", "MAX", "PRODUCT")},
     "all_reduce_avg": (_all_reduce("AVG"), CLOSE, _NO_INT),  # AVG of integers: gloo refuses too
@@ -385,11 +468,17 @@ COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
     "broadcast": (_broadcast, EXACT, _ALL_VARIANTS),
     "all_gather": (_all_gather, EXACT, _ALL_VARIANTS),
     "all_gather_into_tensor": (_all_gather_into_tensor, EXACT, _ALL_VARIANTS),
+    "all_gather_into_tensor_stacked": (_all_gather_into_tensor_stacked, EXACT, _ALL_VARIANTS),
+    "all_gather_into_tensor_in_place": (_in_place("all_gather_into_tensor"), EXACT, _IN_PLACE_VARIANTS),
+    "reduce_scatter_tensor_in_place": (_in_place("reduce_scatter_tensor"), CLOSE, _IN_PLACE_VARIANTS),
     "all_gather_coalesced": (_all_gather_coalesced, EXACT, _ALL_VARIANTS),
     "all_reduce_coalesced": (_all_reduce_coalesced, CLOSE, _ALL_VARIANTS),
     "coalescing_manager_all_reduce": (_coalesced("all_reduce"), CLOSE, _ALL_VARIANTS),
     "coalescing_manager_all_gather_into_tensor": (_coalesced("all_gather_into_tensor"), EXACT, _ALL_VARIANTS),
     "coalescing_manager_reduce_scatter_tensor": (_coalesced("reduce_scatter_tensor"), CLOSE, _ALL_VARIANTS),
+    **{f"coalescing_manager_device_{c}": (_coalesced(c, with_device=True), how, _SAMPLE_VARIANTS)
+       for c, how in (("all_reduce", CLOSE), ("all_gather_into_tensor", EXACT), ("reduce_scatter_tensor", CLOSE))},
+    "coalescing_manager_device_send_recv": (_coalesced_point_to_point, EXACT, _SAMPLE_VARIANTS),
     "reduce_scatter": (_reduce_scatter, CLOSE, _ALL_VARIANTS),
     **{f"reduce_scatter_tensor_{op.lower()}": (_reduce_scatter_tensor(op), CLOSE, _ALL_VARIANTS)
        for op in ("SUM", "MAX")},
@@ -405,6 +494,7 @@ COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
     "reduce_max": (_reduce("MAX"), CLOSE, ["float32", "int64", "strided", "async"]),
     "barrier": (_barrier, EXACT, ["float32", "stream", "async"]),
     "send_recv": (_send_recv, EXACT, [v for v in VARIANTS if v != "async"]),  # blocking calls
+    "recv_any_source": (_recv_any_source, EXACT, ["float32", "int64", "strided", "pending"]),
     "batch_isend_irecv": (_batch_isend_irecv, EXACT, _ALL_VARIANTS),
     "objects": (_objects, EXACT, ["float32"]),
 }
@@ -412,12 +502,14 @@ COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
 # What subgroups and device mesh dimensions run (float32).
 GROUP_SAMPLE = ["all_reduce_sum", "all_reduce_premul_sum", "broadcast", "all_gather_into_tensor",
                 "reduce_scatter_tensor_sum", "all_to_all_single_uneven", "gather", "scatter", "reduce_sum",
-                "batch_isend_irecv", "send_recv", "barrier", "objects"]
+                "all_gather_into_tensor_in_place", "batch_isend_irecv", "send_recv", "recv_any_source", "barrier",
+                "objects"]
+_POINT_TO_POINT = ("batch_isend_irecv", "send_recv", "recv_any_source")
 
 
 def group_sample(label: str) -> list[str]:
     """The sample a subgroup runs; a group of one has no peer to send to."""
-    return [c for c in GROUP_SAMPLE if label != "single" or c not in ("batch_isend_irecv", "send_recv")]
+    return [c for c in GROUP_SAMPLE if label != "single" or c not in _POINT_TO_POINT]
 
 
 def subgroups(world: int) -> dict[str, list[list[int]]]:
