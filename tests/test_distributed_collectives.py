@@ -13,12 +13,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from ranks import SCRIPTS, run_on_ranks
 from rank_scripts.bad_input import CASES as BAD_CASES
 from rank_scripts.bad_input import REINIT_CYCLES
 from rank_scripts.collectives import case_names
-
+from ranks import SCRIPTS, run_on_ranks
 
 Reports = list[dict[str, Any]]
 

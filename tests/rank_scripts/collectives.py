@@ -4,9 +4,9 @@ Each case is one collective called the same way twice on every rank: on the neur
 process group with neuron tensors, then on a gloo group of the same ranks with CPU
 tensors of the same values. The neuron outputs must equal gloo's (exactly, or within
 1e-5 for float reductions). Variants: float32, bfloat16, int64; non-contiguous inputs
-(transposed) and outputs (rows with a step), views at a storage offset; empty tensors; a side stream; inputs still
-pending in adaptive eager; ``async_op=True``. Then subgroups, and on 4 ranks the two
-dimensions of a (2, 2) device mesh. One launch runs every case; the rank reports
+(transposed) and outputs (rows with a step); views at a storage offset; empty tensors; a
+side stream; inputs still pending in adaptive eager; ``async_op=True``. Then subgroups,
+and on 4 ranks the two dimensions of a (2, 2) device mesh. One launch runs every case; the rank reports
 ``{case: {"ok", "problems"}}`` and pytest checks each case (``case_names`` lists them).
 
 Run: ``torchrun --nproc-per-node N collectives.py BARRIER_DIR``.
@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 __all__ = ["case_names"]
 
-FLOAT_VARIANTS = ["float32", "bfloat16"]
 VARIANTS = ["float32", "bfloat16", "int64", "strided", "offset", "empty", "stream", "pending", "async"]
 _DTYPES = {"bfloat16": torch.bfloat16, "int64": torch.int64}
 _SENTINEL = -3  # what outputs hold before a collective writes them
@@ -46,7 +45,7 @@ class Side:
     ranks: list[int]  # global ranks of the group, in group-rank order
     futures: list[list[torch.Tensor]] = field(default_factory=list)  # async: each work's future value
     calls: list[list[torch.Tensor]] = field(default_factory=list)  # async: the output tensors of each call
-    gaps: list[torch.Tensor] = field(default_factory=list)  # strided: rows between the outputs
+    gaps: list[torch.Tensor] = field(default_factory=list)  # strided, offset: buffer rows outside the outputs
 
     @property
     def neuron(self) -> bool:
