@@ -4,8 +4,8 @@ Each case is one collective called the same way twice on every rank: on the neur
 process group with neuron tensors, then on a gloo group of the same ranks with CPU
 tensors of the same values. The neuron outputs must equal gloo's (exactly, or within
 1e-5 for float reductions). Variants: float32, bfloat16, int64; non-contiguous inputs
-(transposed) and outputs (rows with a step); views at a storage offset; empty tensors; a
-side stream; inputs still pending in adaptive eager; ``async_op=True``. Then subgroups,
+(transposed) and outputs (rows with a step); views at a storage offset; empty tensors;
+tensors too large to travel inline in the ranks' meeting (the gloo data path); a side stream; inputs still pending in adaptive eager; ``async_op=True``. Then subgroups,
 and on 4 ranks the two dimensions of a (2, 2) device mesh. One launch runs every case; the rank reports
 ``{case: {"ok", "problems"}}`` and pytest checks each case (``case_names`` lists them).
 
@@ -28,10 +28,11 @@ import torch.distributed as dist
 
 __all__ = ["case_names"]
 
-VARIANTS = ["float32", "bfloat16", "int64", "strided", "offset", "empty", "stream", "pending", "async"]
+VARIANTS = ["float32", "bfloat16", "int64", "strided", "offset", "empty", "large", "stream", "pending", "async"]
 _DTYPES = {"bfloat16": torch.bfloat16, "int64": torch.int64}
 _SENTINEL = -3  # what outputs hold before a collective writes them
 _ROWS, _COLS = 3, 4
+_LARGE_COLS = 1536  # 3 rows of float32: 18 KiB, more than travels inline in the ranks' meeting
 
 
 @dataclass
@@ -65,7 +66,7 @@ class Side:
 
     @property
     def cols(self) -> int:
-        return 0 if self.variant == "empty" else _COLS
+        return {"empty": 0, "large": _LARGE_COLS}.get(self.variant, _COLS)
 
     def values(self, rows: int, salt: int, low: int = -5, high: int = 6) -> torch.Tensor:
         """Deterministic small values (exact in bfloat16) from this rank and ``salt``, on CPU."""
@@ -458,8 +459,8 @@ def _plain(value: Any) -> Any:
 # name -> (case, comparison, variants)
 _ALL_VARIANTS = VARIANTS
 _NO_INT = [v for v in VARIANTS if v != "int64"]
-_IN_PLACE_VARIANTS = ["float32", "bfloat16", "int64", "empty", "stream", "pending", "async"]  # views of one tensor
-_SAMPLE_VARIANTS = ["float32", "int64", "pending", "async"]
+_IN_PLACE_VARIANTS = ["float32", "bfloat16", "int64", "empty", "large", "stream", "pending", "async"]  # views of one tensor
+_SAMPLE_VARIANTS = ["float32", "int64", "large", "pending", "async"]
 COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
     **{f"all_reduce_{op.lower()}": (_all_reduce(op), CLOSE, _ALL_VARIANTS) for op in ("SUM", "MIN", "MAX", "PRODUCT")},
     "all_reduce_avg": (_all_reduce("AVG"), CLOSE, _NO_INT),  # AVG of integers: gloo refuses too
@@ -490,15 +491,15 @@ COLLECTIVES: dict[str, tuple[Case, str, list[str]]] = {
     "gather": (_gather, EXACT, _ALL_VARIANTS),
     "scatter": (_scatter, EXACT, _ALL_VARIANTS),
     "reduce_sum": (_reduce("SUM"), CLOSE, _ALL_VARIANTS),
-    "reduce_max": (_reduce("MAX"), CLOSE, ["float32", "int64", "strided", "async"]),
+    "reduce_max": (_reduce("MAX"), CLOSE, ["float32", "int64", "strided", "large", "async"]),
     "barrier": (_barrier, EXACT, ["float32", "stream", "async"]),
     "send_recv": (_send_recv, EXACT, [v for v in VARIANTS if v != "async"]),  # blocking calls
-    "recv_any_source": (_recv_any_source, EXACT, ["float32", "int64", "strided", "pending"]),
+    "recv_any_source": (_recv_any_source, EXACT, ["float32", "int64", "strided", "large", "pending"]),
     "batch_isend_irecv": (_batch_isend_irecv, EXACT, _ALL_VARIANTS),
     "objects": (_objects, EXACT, ["float32"]),
 }
 
-# What subgroups and device mesh dimensions run (float32).
+# What subgroups and device mesh dimensions run: small (inline in the meeting) and large.
 GROUP_SAMPLE = ["all_reduce_sum", "all_reduce_premul_sum", "broadcast", "all_gather_into_tensor",
                 "reduce_scatter_tensor_sum", "all_to_all_single_uneven", "gather", "scatter", "reduce_sum",
                 "all_gather_into_tensor_in_place", "batch_isend_irecv", "send_recv", "recv_any_source", "barrier",
@@ -506,9 +507,18 @@ GROUP_SAMPLE = ["all_reduce_sum", "all_reduce_premul_sum", "broadcast", "all_gat
 _POINT_TO_POINT = ("batch_isend_irecv", "send_recv", "recv_any_source")
 
 
-def group_sample(label: str) -> list[str]:
-    """The sample a subgroup runs; a group of one has no peer to send to."""
-    return [c for c in GROUP_SAMPLE if label != "single" or c not in _POINT_TO_POINT]
+def group_cases(label: str) -> dict[str, tuple[str, str]]:
+    """The cases a subgroup (or mesh dimension) ``label`` runs: name -> (collective, variant).
+    A group of one has no peer to send to."""
+    cases = {}
+    for collective in GROUP_SAMPLE:
+        if label == "single" and collective in _POINT_TO_POINT:
+            continue
+        for variant in ("float32", "large"):
+            if variant in COLLECTIVES[collective][2]:
+                cases[f"{collective}[{label}]" if variant == "float32" else f"{collective}[{label} {variant}]"] = \
+                    (collective, variant)
+    return cases
 
 
 def subgroups(world: int) -> dict[str, list[list[int]]]:
@@ -522,9 +532,9 @@ def case_names(world: int) -> list[str]:
     """Every case this script reports on ``world`` ranks."""
     names = [f"{c}[{v}]" for c, (_, _, variants) in COLLECTIVES.items() for v in variants]
     for label in subgroups(world):
-        names += [f"{c}[{label}]" for c in group_sample(label)]
+        names += list(group_cases(label))
     if world == 4:
-        names += [f"{c}[mesh_{dim}]" for dim in ("dp", "tp") for c in GROUP_SAMPLE]
+        names += [name for dim in ("dp", "tp") for name in group_cases(f"mesh_{dim}")]
     return names
 
 
@@ -547,8 +557,13 @@ def _compare(neuron: list[Any], gloo: list[Any], how: str, dtype: torch.dtype) -
         exact = how == EXACT or not b.dtype.is_floating_point
         same = torch.equal(got, b) if exact else torch.allclose(got.float(), b.float(), rtol=1e-5, atol=1e-5)
         if not same:
-            problems.append(f"output {i}: neuron {got.tolist()} != gloo {b.tolist()}")
+            problems.append(f"output {i}: neuron {_head(got)} != gloo {_head(b)}")
     return problems
+
+
+def _head(t: torch.Tensor, count: int = 24) -> str:
+    values = t.reshape(-1)[:count].tolist()
+    return f"{tuple(t.shape)} {values}{' ...' if t.numel() > count else ''}"
 
 
 def _side_checks(side: Side) -> list[str]:
@@ -557,7 +572,7 @@ def _side_checks(side: Side) -> list[str]:
     problems = []
     for gap in side.gaps:
         if not torch.equal(gap.cpu(), torch.full(gap.shape, _SENTINEL, dtype=gap.dtype)):
-            problems.append(f"a collective wrote between the strided output rows: {gap.cpu().tolist()}")
+            problems.append(f"a collective wrote outside its output rows: {_head(gap.cpu())}")
     for value, expected in zip(side.futures, side.calls, strict=True):
         if len(value) != len(expected) or any(
                 v.data_ptr() != e.data_ptr() or v.shape != e.shape for v, e in zip(value, expected, strict=False)):
@@ -625,12 +640,11 @@ def main() -> None:
             if dist.get_rank() in members:
                 neuron_mine, ranks = group, members
         gloo_mine, _ = _gloo_groups(partition)
-        for collective in group_sample(label):
+        for name, (collective, variant) in group_cases(label).items():
             if neuron_mine is None:  # not a member: nothing to run
-                results[f"{collective}[{label}]"] = {"ok": True, "problems": [], "member": False}
+                results[name] = {"ok": True, "problems": [], "member": False}
                 continue
-            results[f"{collective}[{label}]"] = run_case(collective, "float32", neuron_mine, gloo_mine, ranks,
-                                                         device)
+            results[name] = run_case(collective, variant, neuron_mine, gloo_mine, ranks, device)
     if world == 4:
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -641,11 +655,11 @@ def main() -> None:
             group = mesh.get_group(dim)
             gloo_mine, ranks = _gloo_groups(partition)
             backend = dist.get_backend(group)
-            for collective in GROUP_SAMPLE:
-                result = run_case(collective, "float32", group, gloo_mine, ranks, device)
+            for name, (collective, variant) in group_cases(f"mesh_{dim}").items():
+                result = run_case(collective, variant, group, gloo_mine, ranks, device)
                 if backend != "neuron":
                     result = {"ok": False, "problems": [f"the mesh group's backend is {backend}"]}
-                results[f"{collective}[mesh_{dim}]"] = result
+                results[name] = result
     report({"cases": results, "backend": dist.get_backend()})
     dist.destroy_process_group()
 
