@@ -184,6 +184,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self._serves_cpu: bool | None = None  # decided at the first CPU tensor
         self._agreed = False  # whether the current collective's ranks have met (see _together)
+        self._coalesced_point_to_point: list[dist.Work] | None = None  # inside _coalescing_manager(device=)
 
     # ---- identity (functional collectives and DeviceMesh look groups up by name) ----
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -450,7 +451,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _gather_into_tensor(self, name: str, output: torch.Tensor, input: torch.Tensor) -> dist.Work:
         self._check_gathered(name, output, input)
         plan = self._plan(name, [input], [output], bus=1.0, outputs=[output], total=_nbytes([output]))
-        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0], r[0]),
+        # flat: the output may stack the inputs (world, *input.shape), which gloo refuses
+        return self._run(plan, lambda r, w: self._gloo._allgather_base(w[0].view(-1), r[0].view(-1)),
                          local=lambda rows, w: torch.cat([row.reshape(-1) for row in rows], out=w[0].view(-1)))
 
     @_together("reduce_scatter")
@@ -583,12 +585,33 @@ class NeuronProcessGroup(dist.ProcessGroup):
         record_collective(CollectiveRecord("barrier", self._name, self._size, self._rank, -1, 0, 0, start, now_ns(), 0))
         return _completed([])
 
+    # ---- dist._coalescing_manager(group, device) -------------------------------------
+    def _start_coalescing(self, device: torch.device) -> None:
+        """The manager records the block's all_reduce, all_gather_into_tensor and
+        reduce_scatter_tensor calls and issues them as one ``*_coalesced`` call of this group;
+        other collectives here are synchronous, so what is left to group are the sends and
+        receives of the block. (Without this, c10d asked the inner gloo group, which raised
+        "Backend gloo does not implement startCoalescing".)"""
+        self._coalesced_point_to_point = []
+
+    def _end_coalescing(self, device: torch.device) -> dist.Work:
+        """Waits for the block's sends and receives (all posted by now); completed work."""
+        works, self._coalesced_point_to_point = self._coalesced_point_to_point or [], None
+        for work in works:
+            work.wait()
+        return _completed([])
+
     # ---- point to point (asynchronous) -------------------------------------------------
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> dist.Work:
         return self._point_to_point("send", tensors, dst, tag)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> dist.Work:
         return self._point_to_point("recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        """``dist.recv`` / ``irecv`` without a source (without this, c10d handed the neuron
+        tensors to the inner gloo group and the receive never completed)."""
+        return self._point_to_point("recv", tensors, -1, tag)
 
     def _point_to_point(self, name: str, tensors: list[torch.Tensor], peer: int, tag: int) -> dist.Work:
         self._check(name, tensors)
@@ -600,7 +623,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         ready = now_ns()
         staged = [_Staged(t, read=sending) for t in tensors]
         hosts = [s.host for s in staged]
-        work = (self._gloo.send if sending else self._gloo.recv)(hosts, peer, tag)
+        if peer < 0:  # a receive from any rank
+            work = self._gloo.recv_anysource(hosts, tag)
+        else:
+            work = (self._gloo.send if sending else self._gloo.recv)(hosts, peer, tag)
         device = device_tensors[0].device.index if device_tensors else -1
         nbytes = _nbytes(tensors)
         plan = _Plan(name, tensors, [], nbytes, nbytes, Signature(name, None, None), tensors)
@@ -613,8 +639,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     note_written(device_tensors)
             self._record(plan, start, ready, device)
 
-        what = f"{name} {'to' if sending else 'from'} rank {peer}"
-        return _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
+        what = f"{name} {'to' if sending else 'from'} {f'rank {peer}' if peer >= 0 else 'any rank'}"
+        point_to_point = _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
+        if self._coalesced_point_to_point is not None:
+            self._coalesced_point_to_point.append(point_to_point)
+        return point_to_point
 
 
 class _PointToPointWork(dist.Work):
@@ -639,6 +668,10 @@ class _PointToPointWork(dist.Work):
 
     def is_completed(self) -> bool:
         return self._done or self._inner.is_completed()
+
+    def _source_rank(self) -> int:
+        """The rank a receive from any rank got its data from (after ``wait()``)."""
+        return self._inner._source_rank()
 
     def get_future(self) -> torch.futures.Future:
         """A future of the tensors (waits for the transfer first)."""
