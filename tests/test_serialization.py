@@ -66,3 +66,38 @@ def test_untyped_storage() -> None:
     resized = torch.UntypedStorage(8, device="neuron")
     resized.resize_(64)
     assert resized.nbytes() == 64
+
+
+def test_pickle_and_the_legacy_format_wait_for_values_still_being_computed() -> None:
+    """``pickle.dumps``, the legacy ``torch.save`` format and object collectives write a
+    storage from its raw memory, and ``torch.load`` of that format fills one through a
+    copy over the raw pointer: a tensor still pending in adaptive eager used to be
+    written as zeros, and a loaded one read before its bytes arrived (both most times)."""
+    import io
+    import pickle
+
+    expected = torch.linspace(0, 1, 5).exp()
+    for _ in range(20):
+        x = torch.arange(4.0, device="neuron") + 1  # recorded, not yet computed
+        assert torch.equal(pickle.loads(pickle.dumps(x)).cpu(), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        y = torch.linspace(0, 1, 5, device="neuron").exp()
+        buffer = io.BytesIO()
+        torch.save({"y": y}, buffer, _use_new_zipfile_serialization=False)
+        buffer.seek(0)
+        assert torch.equal(torch.load(buffer)["y"].cpu(), expected)
+        torch.neuron.synchronize()  # the device idle: what remains is the load's copy
+        buffer.seek(0)
+        assert torch.equal(torch.load(buffer)["y"].cpu(), expected)
+
+
+def test_the_storage_writer_is_wrapped_only_once_the_device_is_used() -> None:
+    from conftest import run_python
+
+    done = run_python("""
+        import torch
+        before = getattr(torch.UntypedStorage._write_file, "_waits_for_neuron", False)
+        torch.ones(1, device="neuron")
+        print(before, getattr(torch.UntypedStorage._write_file, "_waits_for_neuron", False))
+        """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

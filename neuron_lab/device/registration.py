@@ -127,3 +127,6 @@ def register() -> None:
 
         # The thread that first uses the device runs its backward passes (see autograd_threads).
         on_first_use(backward_on_calling_thread)
+        from neuron_lab.device import serialization
+
+        on_first_use(serialization.install)

@@ -425,12 +425,11 @@ def _barrier_round(side: Side) -> str:
 
 
 def _objects(side: Side) -> list[Any]:
-    """The object collectives (objects carry a CPU tensor; its values are compared)."""
+    """The object collectives (objects carry a CPU tensor and a neuron tensor still pending
+    in adaptive eager; their values are compared)."""
     me, n = side.rank, side.size
     mine = {"rank": dist.get_rank(), "text": "x" * (me + 1), "tensor": torch.arange(me + 2),
             "on_device": torch.arange(3).to(side.device) * (me + 1)}
-    if side.neuron:  # pickling a still-pending neuron tensor writes zeros (a device gap, not the backend's)
-        torch.neuron.synchronize()
     gathered: list[Any] = [None] * n
     dist.all_gather_object(gathered, mine, group=side.group)
     broadcast = [mine, me] if me == n - 1 else [None, None]

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -22,6 +23,18 @@ namespace {
 // current stream (the caller prepared its tensors first). With
 // device_memory=True, CPU tensors the block allocates take device memory, so
 // that adopt() turns its results into neuron tensors without copies.
+// A uint8 tensor over a whole neuron storage given as a Python UntypedStorage: what the
+// interceptor's per-tensor calls take.
+at::Tensor storage_holder(py::handle storage_object) {
+  TORCH_CHECK(THPStorage_Check(storage_object.ptr()), "neuron: expected an UntypedStorage");
+  const c10::Storage& storage = THPStorage_Unpack(storage_object.ptr());
+  TORCH_CHECK(storage.device_type() == kNeuron, "neuron: expected a neuron storage, got ", storage.device());
+  auto holder = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());
+  holder.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(storage.nbytes())});
+  return holder;
+}
+
 class InlineLaunch {
  public:
   InlineLaunch(int device, std::string name, bool device_memory)
@@ -47,6 +60,23 @@ class InlineLaunch {
 }  // namespace
 
 void register_kernel_bindings(py::module& m) {
+  m.def(
+      "prepare_storage_access",
+      [](py::handle storage_object, const std::string& what, bool write) {
+        const at::Tensor holder = storage_holder(storage_object);
+        {
+          py::gil_scoped_release no_gil;
+          interceptor().before_host_access(std::vector<at::Tensor>{holder}, Reason::CopyToHost, what);
+        }
+        if (!write) interceptor().check_readable(holder);
+      },
+      py::arg("storage"), py::arg("what"), py::arg("write"),
+      "Launches what is buffered and waits for every launch that uses this neuron storage, before the "
+      "host reads or writes its raw memory (UntypedStorage._write_file / _set_from_file); a read raises "
+      "if its values were never computed.");
+  m.def(
+      "note_storage_written", [](py::handle storage_object) { interceptor().note_written(storage_holder(storage_object)); },
+      py::arg("storage"), "Marks a neuron storage as computed after the host wrote its raw memory.");
   m.def("host_allocations_device", [] { return static_cast<int>(host_allocations_device()); },
         "The core whose memory this thread's CPU allocations take now (inside "
         "InlineLaunch(..., device_memory=True)), or -1.");
