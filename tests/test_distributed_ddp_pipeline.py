@@ -1,0 +1,215 @@
+"""DDP, ZeroRedundancyOptimizer and pipeline parallelism on neuron, end to end under
+torchrun, against single-process references; and the examples in ``examples/``.
+
+Each rank script runs all its cases in one launch (process start is the expensive part
+on this machine); the module-scoped fixtures launch once and the tests check each case.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from ranks import SCRIPTS, TESTS, run_on_ranks
+
+EXAMPLES = TESTS.parent / "examples"
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+# fp16_compress_hook rounds each bucket to float16 (11 significant bits) before and after
+# the sum: the gradients move by a few parts in 1e4, the parameters after 3 steps less.
+FP16_TOLERANCE = {"rtol": 2e-3, "atol": 2e-4}
+
+DDP_CASES = [
+    "sgd_several_buckets", "adamw_default_buckets", "adamw_grads_as_bucket_views", "no_sync_accumulation",
+    "find_unused_parameters", "fp16_compress_hook", "custom_all_reduce_hook", "device_ids_cpu_inputs",
+    "device_ids_inputs_on_other_core", "static_graph", "zero_adamw", "zero_adamw_bucket_view",
+]
+PIPELINE_CASES = ["gpipe", "1f1b", "1f1b_static_shapes", "gpipe_traced"]
+
+
+def close(actual: list[float] | None, expected: list[float] | None, what: str, tolerance: dict[str, float]) -> None:
+    """``actual`` matches ``expected`` within ``tolerance`` (both None, or both values)."""
+    assert (actual is None) == (expected is None), f"{what}: {actual!r} where the reference has {expected!r}"
+    if actual is None:
+        return
+    a, e = torch.tensor(actual, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    assert a.shape == e.shape, f"{what}: {a.shape} values, the reference {e.shape}"
+    assert torch.allclose(a, e, **tolerance), \
+        f"{what}: max difference {(a - e).abs().max().item():.3g} (tolerance {tolerance})"
+
+
+def state_close(actual: dict[str, Any], expected: dict[str, Any], what: str, tolerance: dict[str, float]) -> None:
+    assert sorted(actual) == sorted(expected), f"{what}: names {sorted(actual)}, the reference {sorted(expected)}"
+    for name, values in expected.items():
+        close(actual[name], values, f"{what} {name}", tolerance)
+
+
+# ---- the device's pinned memory (DDP's find_unused_parameters stages through it) ---------
+
+
+def test_pinned_host_memory_is_reported_pinned() -> None:
+    pinned = torch.arange(6.0).pin_memory()
+    assert pinned.is_pinned() and pinned[2:].is_pinned() and torch.empty(3, pin_memory=True).is_pinned()
+    assert not torch.arange(6.0).is_pinned()
+    on_device = pinned.to("neuron", non_blocking=True)
+    pinned.zero_()  # the copy took the host data already
+    assert on_device.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+# ---- DDP and ZeroRedundancyOptimizer, 2 ranks ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ddp_reports() -> list[dict[str, Any]]:
+    reports = run_on_ranks(SCRIPTS / "ddp_training.py", nproc=2, timeout=900)
+    assert sorted(reports[0]["cases"]) == sorted(DDP_CASES)
+    return reports
+
+
+@pytest.mark.parametrize("case", DDP_CASES)
+def test_ddp_matches_single_process_training(ddp_reports: list[dict[str, Any]], case: str) -> None:
+    """Each step's loss (the ranks' mean), and the final parameters, gradients and buffers
+    of every rank, match one process training on the concatenated batch."""
+    results = [rep["cases"][case] for rep in ddp_reports]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank}: {result['error']}"
+    tolerance = FP16_TOLERANCE if case == "fp16_compress_hook" else TOLERANCE
+    expected = results[0]["reference"]
+    mean_losses = torch.tensor([r["ddp"]["losses"] for r in results]).mean(0).tolist()
+    close(mean_losses, expected["losses"], "loss per step", tolerance)
+    for rank, result in enumerate(results):
+        for part in ("params", "grads", "buffers"):
+            state_close(result["ddp"][part], expected[part], f"rank {rank} {part}", tolerance)
+
+
+def test_ddp_small_bucket_cap_makes_several_buckets(ddp_reports: list[dict[str, Any]]) -> None:
+    assert ddp_reports[0]["cases"]["sgd_several_buckets"]["ddp"]["buckets"] > 1
+    assert ddp_reports[0]["cases"]["adamw_default_buckets"]["ddp"]["buckets"] == 1
+
+
+def test_ddp_unused_layer_keeps_no_gradient(ddp_reports: list[dict[str, Any]]) -> None:
+    """The layer no forward uses has no gradient on any rank; the branch one rank used has one on both."""
+    for rep in ddp_reports:
+        grads = rep["cases"]["find_unused_parameters"]["ddp"]["grads"]
+        assert grads["never.weight"] is None and grads["extra.weight"] is not None
+
+
+def test_ddp_custom_hook_reduces_every_bucket(ddp_reports: list[dict[str, Any]]) -> None:
+    """Our hook ran for each bucket of each step (after the first step DDP rebuilds the
+    buckets by the cap)."""
+    for rep in ddp_reports:
+        result = rep["cases"]["custom_all_reduce_hook"]["ddp"]
+        assert all(calls >= 1 for calls in result["hook_calls"])
+        assert result["hook_calls"][-1] == result["buckets"] > 1
+
+
+def test_ddp_fp16_hook_compresses(ddp_reports: list[dict[str, Any]]) -> None:
+    """The fp16 hook's gradients differ from the float32 reference (by its rounding)."""
+    result = ddp_reports[0]["cases"]["fp16_compress_hook"]
+    diffs = [abs(a - e) for name, grad in result["ddp"]["grads"].items()
+             for a, e in zip(grad, result["reference"]["grads"][name], strict=True)]
+    assert max(diffs) > 0
+
+
+def test_ddp_copies_inputs_from_another_core_on_a_side_stream(ddp_reports: list[dict[str, Any]]) -> None:
+    for rep in ddp_reports:
+        assert rep["cases"]["device_ids_inputs_on_other_core"]["ddp"]["side_stream_launches"] >= 1
+
+
+def test_zero_optimizer_state_matches_adamw(ddp_reports: list[dict[str, Any]]) -> None:
+    """ZeroRedundancyOptimizer's state, consolidated on rank 0, is the reference AdamW's."""
+    for case in ("zero_adamw", "zero_adamw_bucket_view"):
+        result = ddp_reports[0]["cases"][case]
+        state_close(result["ddp"]["zero_state"], result["reference"]["zero_state"], f"{case} exp_avg_sq", TOLERANCE)
+
+
+# ---- pipeline parallelism --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pipeline_reports() -> list[dict[str, Any]]:
+    return run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=2, timeout=900)
+
+
+def check_pipeline(reports: list[dict[str, Any]], case: str) -> None:
+    """The last stage's per-microbatch losses, and every stage's parameters and gradients,
+    match the whole model on one process; the stages hold every layer once."""
+    expected = reports[0]["reference"]
+    held = []
+    for rank, rep in enumerate(reports):
+        result = rep["cases"][case]
+        held += result["layers"]
+        for part in ("params", "grads"):
+            mine = {name: expected[part][name] for name in result[part]}
+            state_close(result[part], mine, f"stage {rank} {part}", TOLERANCE)
+    assert held == list(range(len(held))) and f"{held[-1]}.weight" in expected["params"]
+    losses = reports[-1]["cases"][case]["losses"]
+    for step, (actual, reference) in enumerate(zip(losses, expected["losses"], strict=True)):
+        close(actual, reference, f"step {step} microbatch losses", TOLERANCE)
+
+
+@pytest.mark.parametrize("case", PIPELINE_CASES)
+def test_pipeline_two_stages_matches_whole_model(pipeline_reports: list[dict[str, Any]], case: str) -> None:
+    check_pipeline(pipeline_reports, case)
+
+
+def test_pipeline_1f1b_four_stages_matches_whole_model() -> None:
+    reports = run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=4, timeout=900, env={"PIPELINE_CASES": "1f1b"})
+    check_pipeline(reports, "1f1b")
+
+
+# ---- the examples, run as a user runs them ---------------------------------------------------
+
+
+def run_example(name: str) -> list[float]:
+    """``torchrun --standalone --nproc-per-node 2 examples/<name>`` from the repository
+    root; the per-step losses rank 0 printed (``step N loss X``)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+               str(Path("examples") / name)]
+    done = subprocess.run(command, check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, f"{name} exited with {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    steps = re.findall(r"^step (\d+) loss ([0-9.e+-]+)$", done.stdout, flags=re.MULTILINE)
+    assert steps and [int(s) for s, _ in steps] == list(range(len(steps))), f"one line per step:\n{done.stdout}"
+    return [float(loss) for _, loss in steps]
+
+
+def load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{Path(name).stem}", EXAMPLES / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def whole_batch_losses(example: ModuleType) -> list[float]:
+    """The example's model trained on one process, on CPU, on each step's whole batch (the
+    mean of the ranks' losses in DDP; of the microbatches' losses in the pipeline)."""
+    model = example.make_model()
+    optimizer = example.make_optimizer(model.parameters())
+    losses = []
+    for step in range(example.STEPS):
+        x, y = example.make_batch(step)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", ["ddp_train.py", "pipeline_train.py"])
+def test_example_prints_the_single_process_losses(name: str) -> None:
+    """Each example prints its per-step loss once (rank 0), and the losses are those of
+    one process training on the whole batch."""
+    example = load_example(name)
+    printed = run_example(name)
+    assert len(printed) == example.STEPS
+    close(printed, whole_batch_losses(example), f"{name} losses", TOLERANCE)
