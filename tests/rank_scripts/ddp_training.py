@@ -27,6 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 LOCAL_BATCH = 4
 FEATURES, HIDDEN, OUTPUTS = 8, 16, 4
 STEPS = 3
+# DDP's runtime statistics of its sampled iterations (its logging data), in nanoseconds.
+TIMES = ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time",
+         "avg_backward_compute_comm_overlap_time")
 
 
 class MLP(nn.Module):
@@ -37,7 +40,8 @@ class MLP(nn.Module):
         super().__init__()
         self.layers = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
                                     nn.Linear(HIDDEN, OUTPUTS))
-        self.register_buffer("offset", torch.linspace(-0.5, 0.5, OUTPUTS))  # DDP broadcasts buffers too
+        # Different on each rank at first, as the parameters: DDP broadcasts rank 0's buffers too.
+        self.register_buffer("offset", 0.1 * torch.randn(OUTPUTS))
 
     def forward(self, x: torch.Tensor, use_extra: bool = False) -> torch.Tensor:
         return self.layers(x) + self.offset
@@ -72,7 +76,7 @@ class Case:
     hook: str | None = None              # "fp16" or "custom"
     accumulate: int = 1                  # microbatches per step; all but the last under no_sync()
     branch_on_one_rank: bool = False     # rank (step % world) alone uses the model's extra branch
-    zero: bool = False                   # the optimizer is ZeroRedundancyOptimizer(AdamW)
+    zero: dict[str, Any] | None = None   # the optimizer is ZeroRedundancyOptimizer(AdamW) with these options
     input_device: str = "local"          # "local", "cpu" or "other core" (DDP copies on a side stream)
 
 
@@ -92,8 +96,8 @@ CASES: dict[str, Case] = {
     "device_ids_cpu_inputs": Case(input_device="cpu", ddp={"device_ids": ["local"]}),
     "device_ids_inputs_on_other_core": Case(input_device="other core", ddp={"device_ids": ["local"]}),
     "static_graph": Case(optimizer=adamw, ddp={"static_graph": True, "bucket_cap_mb": 0.0001}),
-    "zero_adamw": Case(zero=True),
-    "zero_adamw_bucket_view": Case(zero=True, ddp={"bucket_cap_mb": 0.0001}),
+    "zero_adamw": Case(zero={}),
+    "zero_adamw_bucket_view": Case(zero={"parameters_as_bucket_view": True}, ddp={"bucket_cap_mb": 0.0001}),
 }
 
 
@@ -113,7 +117,7 @@ def reference(case: Case, world: int) -> dict[str, Any]:
     mean of the ranks' losses, one chunk per rank, where ranks run different branches)."""
     torch.manual_seed(0)  # rank 0's initial model, which DDP broadcasts
     model = case.model()
-    optimizer = adamw(list(model.parameters())) if case.zero else case.optimizer(list(model.parameters()))
+    optimizer = adamw(list(model.parameters())) if case.zero is not None else case.optimizer(list(model.parameters()))
     losses = []
     for step in range(STEPS):
         optimizer.zero_grad(set_to_none=True)
@@ -130,7 +134,10 @@ def reference(case: Case, world: int) -> dict[str, Any]:
             step_loss += loss.item()
         optimizer.step()
         losses.append(step_loss)
-    return {"losses": losses, **final_state(model)}
+    result = {"losses": losses, **final_state(model)}
+    if case.zero is not None:
+        result["zero_state"] = adam_state(optimizer.state_dict()["state"])
+    return result
 
 
 class HookState:
@@ -164,10 +171,9 @@ def distributed(case: Case, rank: int, world: int, device: torch.device) -> dict
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif custom is not None:
         ddp.register_comm_hook(custom, all_reduce_mean_hook)
-    if case.zero:
+    if case.zero is not None:
         optimizer: torch.optim.Optimizer = ZeroRedundancyOptimizer(
-            list(ddp.parameters()), optimizer_class=torch.optim.AdamW, lr=0.01, weight_decay=0.1,
-            parameters_as_bucket_view="bucket_cap_mb" in case.ddp)
+            list(ddp.parameters()), optimizer_class=torch.optim.AdamW, lr=0.01, weight_decay=0.1, **case.zero)
     else:
         optimizer = case.optimizer(list(ddp.parameters()))
     input_device = {"local": device, "cpu": torch.device("cpu"),
@@ -198,8 +204,10 @@ def distributed(case: Case, rank: int, world: int, device: torch.device) -> dict
         result["hook_calls"] = hook_calls
     if case.input_device == "other core":
         result["side_stream_launches"] = side_stream_launches(device)
-    if case.zero:
-        result["zero_state"] = zero_state(optimizer, rank)
+    if case.zero is not None:
+        optimizer.consolidate_state_dict(to=0)  # an object broadcast from each rank
+        result["zero_state"] = adam_state(optimizer.state_dict()["state"]) if rank == 0 else None
+    result["timing_ns"] = {key: data.get(key, 0) for key in TIMES}
     return result
 
 
@@ -224,28 +232,10 @@ def final_state(model: nn.Module) -> dict[str, Any]:
     }
 
 
-def zero_state(optimizer: ZeroRedundancyOptimizer, rank: int) -> dict[str, Any] | None:
-    """ZeRO's state consolidated on rank 0 (an object broadcast from each rank): the
-    AdamW ``exp_avg_sq`` of every parameter, in order."""
-    optimizer.consolidate_state_dict(to=0)
-    if rank != 0:
-        return None
-    state = optimizer.state_dict()["state"]
-    return {str(i): state[i]["exp_avg_sq"].cpu().flatten().tolist() for i in sorted(state)}
-
-
-def reference_zero_state(case: Case, world: int) -> dict[str, Any]:
-    """The reference AdamW's ``exp_avg_sq`` per parameter, to compare with ZeRO's."""
-    torch.manual_seed(0)
-    model = case.model()
-    optimizer = adamw(list(model.parameters()))
-    for step in range(STEPS):
-        optimizer.zero_grad(set_to_none=True)
-        x, y = batch(step, 0, world)
-        nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
-    state = optimizer.state_dict()["state"]
-    return {str(i): state[i]["exp_avg_sq"].flatten().tolist() for i in sorted(state)}
+def adam_state(state: dict[int, dict[str, torch.Tensor]]) -> dict[str, list[float]]:
+    """AdamW's ``exp_avg`` and ``exp_avg_sq`` of every parameter (by index), on CPU."""
+    return {f"{i}.{key}": state[i][key].cpu().flatten().tolist() for i in sorted(state)
+            for key in ("exp_avg", "exp_avg_sq")}
 
 
 def main() -> None:
@@ -260,8 +250,6 @@ def main() -> None:
             continue
         try:
             results[name] = {"ddp": distributed(case, rank, world, device), "reference": reference(case, world)}
-            if case.zero and rank == 0:
-                results[name]["reference"]["zero_state"] = reference_zero_state(case, world)
         except Exception as e:  # noqa: BLE001 - reported per case; the test shows it
             results[name] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
             print(f"rank {rank}, case {name}:\n{results[name]['error']}", file=sys.stderr, flush=True)
