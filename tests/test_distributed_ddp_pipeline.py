@@ -68,7 +68,7 @@ def test_pinned_host_memory_is_reported_pinned() -> None:
 
 @pytest.fixture(scope="module")
 def ddp_reports() -> list[dict[str, Any]]:
-    reports = run_on_ranks(SCRIPTS / "ddp_training.py", nproc=2, timeout=900)
+    reports = run_on_ranks(SCRIPTS / "ddp_training.py", nproc=2, timeout=600)
     assert sorted(reports[0]["cases"]) == sorted(DDP_CASES)
     return reports
 
@@ -145,7 +145,7 @@ def test_zero_optimizer_state_matches_adamw(ddp_reports: list[dict[str, Any]]) -
 
 @pytest.fixture(scope="module")
 def pipeline_reports() -> list[dict[str, Any]]:
-    return run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=2, timeout=900)
+    return run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=2, timeout=600)
 
 
 def check_pipeline(reports: list[dict[str, Any]], case: str) -> None:
@@ -171,7 +171,7 @@ def test_pipeline_two_stages_matches_whole_model(pipeline_reports: list[dict[str
 
 
 def test_pipeline_1f1b_four_stages_matches_whole_model() -> None:
-    reports = run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=4, timeout=900, env={"PIPELINE_CASES": "1f1b"})
+    reports = run_on_ranks(SCRIPTS / "pipeline_schedules.py", nproc=4, timeout=600, env={"PIPELINE_CASES": "1f1b"})
     check_pipeline(reports, "1f1b")
 
 
@@ -185,7 +185,7 @@ def run_example(name: str) -> list[float]:
            "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                str(Path("examples") / name)]
-    done = subprocess.run(command, check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=900, env=env)
+    done = subprocess.run(command, check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, f"{name} exited with {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     steps = re.findall(r"^step (\d+) loss ([0-9.e+-]+)$", done.stdout, flags=re.MULTILINE)
     assert steps and [int(s) for s, _ in steps] == list(range(len(steps))), f"one line per step:\n{done.stdout}"
