@@ -36,6 +36,7 @@ from neuron_lab.device.host_kernels import (InlineLaunch, host_alias, host_alloc
                                             prepare_host_access)
 from neuron_lab.device.trace import Reason, now_ns
 from neuron_lab.distributed.agreement import INLINE_BYTES, CollectiveMismatchError, Meeting, Signature
+from neuron_lab.distributed.held_tensors import HoldingGloo
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
 
 __all__ = ["NeuronProcessGroup"]
@@ -176,10 +177,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         options._timeout = timeout
         inner_store = dist.PrefixStore(f"neuron-gloo/{_incarnation()}/", store)
-        self._gloo = dist.ProcessGroupGloo(inner_store, rank, size, options)
+        gloo = dist.ProcessGroupGloo(inner_store, rank, size, options)
+        self._gloo = HoldingGloo(gloo)  # keeps the tensors of each call until gloo's threads drop them
         # Object collectives and DeviceMesh ask the group which devices it serves.
         self._meeting = Meeting(self._gloo, rank, size)
-        self._register_backend(torch.device(_DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
+        self._register_backend(torch.device(_DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM, gloo)
         self._name = ""
         self._desc = ""
         self._serves_cpu: bool | None = None  # decided at the first CPU tensor
