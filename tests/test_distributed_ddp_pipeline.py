@@ -89,6 +89,13 @@ def test_ddp_matches_single_process_training(ddp_reports: list[dict[str, Any]], 
             state_close(result["ddp"][part], expected[part], f"rank {rank} {part}", tolerance)
 
 
+def test_gloo_lets_go_of_every_host_tensor(ddp_reports: list[dict[str, Any]]) -> None:
+    """After all the cases and a last large all_reduce, gloo's threads hold no tensor of
+    the backend (which keeps them referenced until then, so that no worker thread frees
+    a Python object while the process exits)."""
+    assert all(rep["released_at_exit"] for rep in ddp_reports)
+
+
 def test_ddp_small_bucket_cap_makes_several_buckets(ddp_reports: list[dict[str, Any]]) -> None:
     assert ddp_reports[0]["cases"]["sgd_several_buckets"]["ddp"]["buckets"] > 1
     assert ddp_reports[0]["cases"]["adamw_default_buckets"]["ddp"]["buckets"] == 1

@@ -24,6 +24,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from neuron_lab.distributed.held_tensors import wait_until_released
+
 LOCAL_BATCH = 4
 FEATURES, HIDDEN, OUTPUTS = 8, 16, 4
 STEPS = 3
@@ -254,7 +256,11 @@ def main() -> None:
             results[name] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
             print(f"rank {rank}, case {name}:\n{results[name]['error']}", file=sys.stderr, flush=True)
         dist.barrier()
-    report({"world": world, "device": str(device), "cases": results})
+    # The last collective is a large all_reduce of a temporary, right before the process
+    # exits: gloo's worker thread must not be the one to free its tensors (held_tensors.py).
+    dist.all_reduce(torch.ones(4096, device=device))
+    released = wait_until_released()
+    report({"world": world, "device": str(device), "cases": results, "released_at_exit": released})
     dist.destroy_process_group()
 
 
