@@ -189,14 +189,14 @@ def case_divide_factor(factor: float | None, force_sum: bool) -> Callable[[], di
 
 @contextlib.contextmanager
 def reduce_ops_seen() -> Iterator[set[str]]:
-    """The reduce ops the neuron process group was asked for meanwhile (an observation:
-    the group's own op translation runs unchanged)."""
+    """The ``collective:reduce op`` pairs the neuron process group was asked for meanwhile
+    (an observation: the group's own op translation runs unchanged)."""
     seen: set[str] = set()
     original = NeuronProcessGroup._reduce_op
 
     def observed(self: NeuronProcessGroup, collective: str, op: Any) -> Any:
         kind = op.op if hasattr(op, "op") else op
-        seen.add(str(kind).split(".")[-1])
+        seen.add(f"{collective}:{str(kind).split('.')[-1]}")
         return original(self, collective, op)
 
     NeuronProcessGroup._reduce_op = observed

@@ -7,6 +7,9 @@ single-process CPU reference trained on the concatenated batch:
 - 2-D FSDP + TP: each block's MLP tensor-parallel (colwise up, rowwise down) over the
   "tp" dimension, then ``fully_shard`` over the "dp" dimension; the two ranks of a tp
   group see the same data.
+
+And random ops on a DTensor replicated over one mesh dimension and sharded over the
+other (the generators in the offset form that DTensor's RNG tracker needs).
 """
 
 from __future__ import annotations
@@ -20,9 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from fsdp_tp_common import batches, blocks_model, chunk, param_diffs, run_cases, setup
+from fsdp_tp_common import batches, blocks_model, chunk, max_diff, param_diffs, run_cases, setup
 
 DEVICE = setup()
 STEPS = 3
@@ -78,5 +82,21 @@ def case_fsdp_tp() -> dict[str, Any]:
     return {**result, "placements": placements(model), "coordinate": mesh.get_coordinate()}
 
 
+def case_random_2d() -> dict[str, Any]:
+    """normal_ on (Replicate(), Shard(0)): each shard is what a generator at that shard's
+    offset (its index times its size) draws, on both of its replicas."""
+    mesh = init_device_mesh("neuron", (2, 2))
+    seed = 7
+    torch.neuron.set_rng_state(torch.neuron.offset_rng_state(seed))
+    d = distribute_tensor(torch.zeros(8, 4, device=DEVICE), mesh, [Replicate(), Shard(0)])
+    torch.nn.init.normal_(d)
+    local = d.to_local()
+    g = torch.Generator(DEVICE)
+    g.set_state(torch.neuron.offset_rng_state(seed, mesh.get_local_rank(1) * local.numel()))
+    expected = torch.empty(local.shape, device=DEVICE).normal_(generator=g)
+    return {"local": local.cpu().flatten().tolist(), "local_diff": max_diff(local, expected),
+            "state_after": torch.neuron.get_rng_state().view(torch.int64).tolist()}
+
+
 if __name__ == "__main__":
-    run_cases({"hsdp_2x2": case_hsdp, "fsdp_tp_2d": case_fsdp_tp})
+    run_cases({"hsdp_2x2": case_hsdp, "fsdp_tp_2d": case_fsdp_tp, "random_2d": case_random_2d})
