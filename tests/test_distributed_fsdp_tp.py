@@ -184,7 +184,7 @@ def test_distribute_tensor_shards_rank_zeros_data(dtensor) -> None:
 def test_redistribute_between_shard_replicate_and_partial(dtensor) -> None:
     for result in results(dtensor, "redistribute"):
         assert len(result) == 7
-        for move, r in result.items():
+        for r in result.values():
             assert_small({k: v for k, v in r.items() if k.endswith("diff")})
         assert result["S(0)->S(1)"]["placements"] == "(Shard(dim=1),)"
 
@@ -244,7 +244,8 @@ def run_example(name: str) -> list[float]:
            "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                str(EXAMPLES / f"{name}.py")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=TESTS.parent)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=TESTS.parent,
+                          check=False)
     assert done.returncode == 0, f"{name} exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     lines = re.findall(r"^step (\d+) loss ([0-9.]+)$", done.stdout, flags=re.MULTILINE)
     assert [int(step) for step, _ in lines] == list(range(len(lines))) and lines, done.stdout

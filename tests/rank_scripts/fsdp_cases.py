@@ -104,7 +104,7 @@ def resharded_storage_bytes(model: nn.Module, batch: tuple[torch.Tensor, ...]) -
     again, and the bytes the unsharded parameters' storages still hold (0 once FSDP has
     freed them with ``untyped_storage().resize_(0)``)."""
     model(local(batch)[0])
-    block = list(model)[0]
+    block = next(iter(model))
     group = block._get_fsdp_state()._fsdp_param_group
     held = sum(t.untyped_storage().nbytes() for fp in group.fsdp_params for t in fp.all_gather_outputs)
     return {"registered_sharded": isinstance(block.up.weight, DTensor), "unsharded_bytes": held}
