@@ -430,6 +430,32 @@ def test_multilabel_margin_loss_of_a_vector_has_the_cpus_shape() -> None:
     assert torch.equal(actual.cpu(), expected)
 
 
+@pytest.mark.parametrize("dtype, weight_dtype", [(torch.bfloat16, torch.bfloat16), (torch.float16, None),
+                                                 (torch.bfloat16, torch.float32)])
+def test_reduced_precision_norms_record_the_cpus_statistics_dtype(dtype, weight_dtype) -> None:
+    """Layer and group norm keep mean and rstd in the input's dtype on the CPU (float32 only
+    for a bf16/fp16 input with float32 weights); their Python meta kernels, used once
+    torch._dynamo is loaded (FSDP2 loads it), say otherwise. Recorded norms must still give
+    the CPU's statistics, dtypes included, without a mispredicted-shape error."""
+    import torch._dynamo  # noqa: F401 - what makes the runtime use the Python meta kernels
+
+    x, grouped = torch.randn(3, 7, dtype=dtype), torch.randn(2, 6, 5, dtype=dtype)
+    weight = None if weight_dtype is None else torch.randn(7, dtype=weight_dtype)
+    group_weight = None if weight_dtype is None else torch.randn(6, dtype=weight_dtype)
+    expected = [*torch.native_layer_norm(x, [7], weight, weight, 1e-5),
+                *torch.native_group_norm(grouped, group_weight, group_weight, 2, 6, 5, 3, 1e-5)]
+
+    def on(t):
+        return None if t is None else t.to("neuron")
+
+    for _ in range(3):  # recorded from the second call of a signature on
+        actual = [*torch.native_layer_norm(on(x) * 1, [7], on(weight), on(weight), 1e-5),
+                  *torch.native_group_norm(on(grouped) * 1, on(group_weight), on(group_weight), 2, 6, 5, 3, 1e-5)]
+        for a, e in zip(actual, expected, strict=True):
+            assert a.dtype == e.dtype and torch.equal(a.cpu(), e)
+    assert ae.counters()["ops_recorded"] > 0
+
+
 def test_blocking_mode_raises_at_the_op() -> None:
     x = torch.randn(4, 5, device="neuron")
     bad = torch.tensor([0, 9], device="neuron")

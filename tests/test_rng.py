@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -91,3 +92,67 @@ def test_fork_rng_supports_neuron() -> None:
     after = torch.rand(3, device="neuron").cpu()
     torch.manual_seed(1)
     assert torch.equal(torch.rand(3, device="neuron").cpu(), after)
+
+
+# ---- the offset form (what DTensor's RNG tracker needs) --------------------------------------
+
+
+@pytest.fixture
+def cpu_form_after():
+    """The default generators go back to the CPU form (manual_seed keeps a form)."""
+    yield
+    for index in range(torch.neuron.device_count()):
+        torch.neuron.set_rng_state(torch.Generator().get_state(), index)
+
+
+def offset_state() -> list[int]:
+    return torch.neuron.get_rng_state().view(torch.int64).tolist()
+
+
+def test_offset_state_is_seed_and_offset_and_draws_depend_on_it_alone(cpu_form_after) -> None:
+    torch.neuron.set_rng_state(torch.neuron.offset_rng_state(5, 8))
+    assert torch.neuron.get_rng_state().numel() == 16 and offset_state() == [5, 8]
+    first = torch.rand(10, device="neuron").cpu()
+    second = torch.randn(3, device="neuron").cpu()
+    assert offset_state() == [5, 8 + 12 + 4]  # each op moves the offset past its numbers (rounded up to 4)
+    assert torch.neuron.initial_seed() == 5 and torch.neuron.default_generators[0].get_offset() == 24
+    torch.neuron.set_rng_state(torch.neuron.offset_rng_state(5, 8))
+    assert torch.equal(torch.rand(10, device="neuron").cpu(), first)
+    # Any generator at (5, 20) draws what the default one drew there; (5, 24) draws other numbers.
+    g = torch.Generator("neuron:1")
+    g.set_state(torch.neuron.offset_rng_state(5, 20))
+    assert torch.equal(torch.randn(3, device="neuron:1", generator=g).cpu(), second)
+    assert torch.equal(torch.randn(3, device="neuron").cpu(), second)
+    assert not torch.equal(torch.randn(3, device="neuron").cpu(), second)
+
+
+def test_offset_form_draws_are_the_same_recorded_or_at_once(cpu_form_after) -> None:
+    import neuron_lab
+
+    def draws() -> list[torch.Tensor]:
+        torch.neuron.set_rng_state(torch.neuron.offset_rng_state(11))
+        x = torch.ones(64, device="neuron")
+        return [t.cpu() for t in (torch.nn.functional.dropout(x, 0.5), x.normal_() * 2, torch.rand(5, device="neuron"))]
+
+    with neuron_lab.mode("blocking"):
+        expected = draws()
+    for _ in range(3):  # adaptive: recorded once the graph repeats
+        for a, e in zip(draws(), expected):
+            assert torch.equal(a, e)
+
+
+def test_manual_seed_keeps_the_form_and_a_cpu_state_restores_the_cpus_numbers(cpu_form_after) -> None:
+    torch.neuron.set_rng_state(torch.neuron.offset_rng_state(5, 40))
+    torch.manual_seed(3)
+    assert offset_state() == [3, 0]
+    torch.neuron.set_rng_state(torch.Generator().manual_seed(3).get_state())
+    assert torch.neuron.get_rng_state().numel() == 5056
+    assert torch.equal(torch.rand(6, device="neuron").cpu(), torch.rand(6, generator=torch.Generator().manual_seed(3)))
+
+
+def test_a_state_of_another_size_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match=r"either its CPU \(mt19937\) generator's state \(5056 bytes.*offset state "
+                                           r"of 16 bytes.*got 7 bytes"):
+        torch.neuron.set_rng_state(torch.zeros(7, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="0 <= seed < 2\\*\\*64"):
+        torch.neuron.offset_rng_state(-1)

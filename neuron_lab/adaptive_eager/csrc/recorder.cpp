@@ -406,13 +406,21 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   Record r{op};
   r.cls = &cls;
   r.args.reserve(n);
+  // How many numbers a random op draws, read before the loop below moves the arguments.
+  int64_t span = 0;
+  for (size_t i = 0; i < n && span == 0; ++i) {
+    const auto& v = (*stack)[begin + i];
+    if (v.isGenerator() || (v.isNone() && is_optional_generator(arg_defs[i]))) {
+      span = draw_span(arg_defs, &(*stack)[begin], n);
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     auto& v = (*stack)[begin + i];
     if (v.isGenerator()) {
-      v = host_generator(v.toGenerator());
+      v = generator_for_draw(v.toGenerator(), span);
       r.random = true;
     } else if (v.isNone() && is_optional_generator(arg_defs[i])) {
-      v = host_generator(default_generator(scan.device));
+      v = generator_for_draw(default_generator(scan.device), span);
       r.random = true;
     } else if (scan.host_tensor && v.isTensor() && v.toTensor().defined() &&
                v.toTensor().device().type() == c10::kCPU && !v.toTensor().unsafeGetTensorImpl()->is_wrapped_number()) {

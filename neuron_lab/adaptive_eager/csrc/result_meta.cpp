@@ -109,6 +109,35 @@ c10::IValue to_meta_value(const c10::IValue& v) {
   return v;
 }
 
+// The CPU kernels of layer and group norm keep their saved statistics (mean, rstd) in
+// the input's dtype, or in float32 when a reduced-precision input comes with float32
+// weight or bias (ATen's param_scalar_type). Their meta kernels say float32 always
+// (layer norm) or the input's dtype always (group norm), so a bf16 norm's recorded
+// statistics would have the wrong dtype: the CPU kernel's dtype is the one replayed.
+void correct_norm_statistics(const c10::OperatorHandle& op, const c10::IValue* args, size_t n, MetaResult& r) {
+  const auto& name = op.schema().name();
+  size_t weight = 0;
+  if (name == "aten::native_layer_norm") {
+    weight = 2;
+  } else if (name == "aten::native_group_norm") {
+    weight = 1;
+  } else {
+    return;
+  }
+  if (n < weight + 2 || !args[0].isTensor() || r.returns.size() != 3) return;
+  const auto input = args[0].toTensor().scalar_type();
+  bool mixed = false;
+  for (size_t i = weight; i < weight + 2; ++i) {
+    if (args[i].isTensor() && args[i].toTensor().defined()) {
+      mixed = mixed || (at::isReducedFloatingType(input) && args[i].toTensor().scalar_type() == at::kFloat);
+    }
+  }
+  const auto statistics = mixed ? at::kFloat : input;
+  for (size_t k = 1; k < 3; ++k) {
+    for (auto& meta : r.returns[k]) meta.dtype = statistics;
+  }
+}
+
 MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n) {
   MetaResult r;
   torch::jit::Stack stack;
@@ -162,6 +191,7 @@ MetaResult compute_meta(const c10::OperatorHandle& op, const OpClass& cls, const
     }
     r.returns.push_back(std::move(metas));
   }
+  correct_norm_statistics(op, args, n, r);
   r.ok = true;
   return r;
 }

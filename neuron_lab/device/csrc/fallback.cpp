@@ -328,20 +328,21 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   call.check_devices();
 
   const auto device = call.device();
-  // Random ops draw from the neuron generator (its CPU twin), never from the CPU's,
-  // and after the recorded random ops before them have drawn (they draw when the
-  // device runs them): the same numbers, in the same order, as eager mode.
+  // Random ops draw from the neuron generator (its CPU twin, or a generator keyed by its
+  // seed and offset), never from the CPU's, and after the recorded random ops before
+  // them have drawn (they draw when the device runs them): the same numbers, in the
+  // same order, as eager mode.
   bool draws = false;
   for (size_t i = 0; i < num_args; ++i) {
     auto& value = (*stack)[begin + i];
     if (value.isGenerator()) {
       const auto& gen = value.toGenerator();
       if (gen.device().type() == kNeuron) {
-        value = host_generator(gen);
+        value = generator_for_draw(gen, draw_span(args, &(*stack)[begin], num_args));
         draws = true;
       }
     } else if (value.isNone() && is_optional_generator(args[i])) {
-      value = host_generator(default_generator(device));
+      value = generator_for_draw(default_generator(device), draw_span(args, &(*stack)[begin], num_args));
       draws = true;
     }
   }

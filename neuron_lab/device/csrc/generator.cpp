@@ -4,17 +4,70 @@
 // run the CPU kernel on device memory and are handed that CPU generator. So a
 // seeded neuron program draws exactly the numbers the same program draws on the
 // CPU, and each core has its own independent default generator.
+//
+// A generator can instead be given an offset state: 16 bytes, seed (u64) and offset
+// (u64), the layout of CUDA's philox state, which DTensor's RNG tracker reads and
+// writes (it moves the offset so that each shard of a tensor draws its own numbers
+// and every rank ends at the same offset). In that form each random op draws from a
+// fresh CPU generator whose whole mt19937 state is derived from (seed, offset), and
+// the offset then moves past the op's numbers: the numbers an op draws depend only on
+// the state it started from, as with philox, but they are not the CPU's numbers.
+// set_state with a 16-byte state selects the offset form, with the CPU generator's
+// state the CPU form; manual_seed keeps the form (offset 0 in the offset form).
 #include "runtime.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/MT19937RNGEngine.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 namespace neuron {
 namespace {
+
+constexpr int64_t kOffsetStateBytes = 16;  // seed u64, offset u64
+constexpr int64_t kCpuStateBytes = 5056;   // CPUGeneratorImplState
+constexpr int64_t kLegacyCpuStateBytes = 5048;
+
+// SplitMix64 (Steele, Lea, Flood 2014): a bijective 64-bit mix, used to spread
+// (seed, offset) over the 624 words of an mt19937 state.
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// A CPU generator whose state is a function of (seed, offset) alone: distinct offsets
+// of one seed give distinct 64-bit keys, hence unrelated mt19937 states.
+at::Generator keyed_cpu_generator(uint64_t seed, uint64_t offset) {
+  uint64_t mixing = seed;
+  uint64_t x = splitmix64(mixing) ^ offset;
+  at::mt19937_data_pod data{};
+  data.seed_ = seed;
+  data.seeded_ = true;
+  for (size_t j = 0; j < data.state_.size(); j += 2) {
+    const uint64_t word = splitmix64(x);
+    data.state_[j] = static_cast<uint32_t>(word);
+    data.state_[j + 1] = static_cast<uint32_t>(word >> 32);
+  }
+  data.left_ = 1;  // as a freshly seeded engine: the first draw twists the state
+  data.next_ = 0;
+  at::mt19937 engine;
+  engine.set_data(data);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+  generator.get<at::CPUGeneratorImpl>()->set_engine(engine);
+  return generator;
+}
 
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
@@ -26,36 +79,81 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   // changing the state first lets every op recorded before draw as in eager.
   void set_current_seed(uint64_t seed) override {
     settle();
-    host_.set_current_seed(seed);
+    if (offset_form_) {
+      seed_ = seed;
+      offset_ = 0;
+    } else {
+      host_.set_current_seed(seed);
+    }
   }
   void set_offset(uint64_t offset) override {
     settle();
-    host_.set_offset(offset);
+    if (offset_form_) {
+      offset_ = offset;
+    } else {
+      host_.set_offset(offset);
+    }
   }
   uint64_t get_offset() const override {
     settle();
-    return host_.get_offset();
+    return offset_form_ ? offset_ : host_.get_offset();
   }
-  uint64_t current_seed() const override { return host_.current_seed(); }
+  uint64_t current_seed() const override { return offset_form_ ? seed_ : host_.current_seed(); }
   uint64_t seed() override {
     settle();
-    return host_.seed();
+    const uint64_t fresh = host_.seed();
+    if (offset_form_) {
+      seed_ = fresh;
+      offset_ = 0;
+    }
+    return fresh;
   }
   void set_state(const c10::TensorImpl& new_state) override {
+    const int64_t bytes = new_state.numel() * static_cast<int64_t>(new_state.itemsize());
+    TORCH_CHECK(bytes == kOffsetStateBytes || bytes == kCpuStateBytes || bytes == kLegacyCpuStateBytes,
+                "a neuron generator's state is either its CPU (mt19937) generator's state (", kCpuStateBytes,
+                " bytes, as get_rng_state() returns it in the CPU form; its draws are the CPU's) or an offset state "
+                "of ", kOffsetStateBytes, " bytes (seed and offset, uint64 each, the layout of CUDA's philox state, "
+                "what DTensor's RNG tracker uses), but it got ", bytes,
+                " bytes; pass a tensor that get_rng_state() returned or torch.neuron.offset_rng_state(seed)");
     settle();
-    host_.unsafeGetGeneratorImpl()->set_state(new_state);
+    if (bytes == kOffsetStateBytes) {
+      uint64_t words[2];
+      std::memcpy(words, new_state.data(), sizeof(words));
+      seed_ = words[0];
+      offset_ = words[1];
+      offset_form_ = true;
+    } else {
+      host_.unsafeGetGeneratorImpl()->set_state(new_state);
+      offset_form_ = false;
+    }
   }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
     settle();
-    return host_.unsafeGetGeneratorImpl()->get_state();
+    if (!offset_form_) return host_.unsafeGetGeneratorImpl()->get_state();
+    auto state = at::empty({kOffsetStateBytes}, at::TensorOptions().dtype(at::kByte));
+    const uint64_t words[2] = {seed_, offset_};
+    std::memcpy(state.data_ptr(), words, sizeof(words));
+    return state.getIntrusivePtr();
   }
   static c10::DeviceType device_type() { return kNeuron; }
 
-  const at::Generator& host() const { return host_; }
+  // The generator one op draws from (see generator_for_draw).
+  at::Generator for_draw(int64_t span) {
+    if (!offset_form_) return host_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto keyed = keyed_cpu_generator(seed_, offset_);
+    offset_ += static_cast<uint64_t>((std::max<int64_t>(span, 1) + 3) / 4 * 4);
+    return keyed;
+  }
 
  private:
   NeuronGeneratorImpl* clone_impl() const override {
-    return new NeuronGeneratorImpl(device().index(), host_.clone());
+    auto* copy = new NeuronGeneratorImpl(device().index(), host_.clone());
+    copy->offset_form_ = offset_form_;
+    copy->seed_ = seed_;
+    copy->offset_ = offset_;
+    return copy;
   }
 
   static void settle() {
@@ -63,6 +161,9 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   }
 
   at::Generator host_;
+  bool offset_form_ = false;
+  uint64_t seed_ = 0;
+  uint64_t offset_ = 0;
 };
 
 std::once_flag g_defaults_once;
@@ -87,10 +188,29 @@ const at::Generator& default_generator(c10::DeviceIndex index) {
   return (*g_defaults)[index];
 }
 
-at::Generator host_generator(const at::Generator& neuron_generator) {
+at::Generator generator_for_draw(const at::Generator& neuron_generator, int64_t span) {
   auto* impl = dynamic_cast<NeuronGeneratorImpl*>(neuron_generator.unsafeGetGeneratorImpl());
   TORCH_CHECK(impl != nullptr, "expected a neuron generator, got one on ", neuron_generator.device());
-  return impl->host();
+  return impl->for_draw(span);
+}
+
+int64_t draw_span(const std::vector<c10::Argument>& schema, const c10::IValue* args, size_t n) {
+  int64_t span = 1;
+  for (size_t i = 0; i < n && i < schema.size(); ++i) {
+    const auto& v = args[i];
+    if (v.isTensor()) {
+      if (v.toTensor().defined()) span = std::max<int64_t>(span, v.toTensor().numel());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) span = std::max<int64_t>(span, t.numel());
+    } else if (schema[i].name() == "size" && v.isIntList()) {  // factories: rand(size), randint(.., size)
+      int64_t numel = 1;
+      for (int64_t d : v.toIntVector()) numel *= d;
+      span = std::max<int64_t>(span, numel);
+    } else if (schema[i].name() == "n" && v.isInt()) {  // randperm(n)
+      span = std::max<int64_t>(span, v.toInt());
+    }
+  }
+  return span;
 }
 
 }  // namespace neuron

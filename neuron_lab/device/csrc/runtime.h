@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+namespace c10 { struct Argument; }  // an op schema's argument (ATen/core/function_schema.h)
+
 namespace neuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
@@ -194,8 +196,13 @@ at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::
 // ---- random numbers (generator.cpp) ----------------------------------------
 const at::Generator& default_generator(c10::DeviceIndex index);
 at::Generator new_generator(c10::DeviceIndex index);
-// The CPU generator that carries a neuron generator's state; CPU kernels take it.
-at::Generator host_generator(const at::Generator& neuron_generator);
+// The CPU generator one random op draws from (CPU kernels take it). A neuron generator
+// in its CPU form hands out its CPU twin (the CPU's numbers, in order); one in offset
+// form a fresh generator keyed by (seed, offset), advancing its offset by ``span``
+// numbers (rounded up to 4) for the next op. ``draw_span`` is an op's span: the most
+// elements any of its tensor arguments has, or its ``size`` (factories; ``n``: randperm).
+at::Generator generator_for_draw(const at::Generator& neuron_generator, int64_t span);
+int64_t draw_span(const std::vector<c10::Argument>& schema, const c10::IValue* args, size_t n);
 
 // ---- tensors (fallback.cpp) ------------------------------------------------
 // A CPU tensor viewing the same host memory as a neuron tensor (no copy).
