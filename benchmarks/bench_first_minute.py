@@ -364,6 +364,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--plot", help="write the per-iteration plot of the mlp and chain rows here (PNG)")
     args = parser.parse_args()
+    unknown = [row for row in args.rows.split(",") if row not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown row(s) {', '.join(unknown)}; choose from {', '.join(ROWS)}")
     import torch
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} cores, one thread "
           f"per process, {args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M')}")
