@@ -14,18 +14,22 @@ A rank that fails, hangs or never reports fails the test with every rank's outpu
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-__all__ = ["SCRIPTS", "RankFailure", "report", "run_on_ranks"]
+__all__ = ["EXAMPLES", "SCRIPTS", "RankFailure", "load_example", "report", "run_example", "run_on_ranks"]
 
 TESTS = Path(__file__).resolve().parent
 SCRIPTS = TESTS / "rank_scripts"
+EXAMPLES = TESTS.parent / "examples"
 _RESULTS_VARIABLE = "NEURON_LAB_TEST_RANK_RESULTS"
 
 
@@ -58,6 +62,31 @@ def run_on_ranks(script: Path, nproc: int, *args: str, timeout: float = 600,
         raise RankFailure(f"{script.name} on {nproc} ranks exited with {done.returncode}; ranks without a report: "
                           f"{missing}\n--- stdout\n{_tail(done.stdout)}\n--- stderr\n{_tail(done.stderr)}")
     return [rep if rep is not None else {} for rep in reports]
+
+
+def run_example(file_name: str, nproc: int = 2) -> list[float]:
+    """``torchrun --standalone --nproc-per-node 2 examples/<file_name>`` from the repository
+    root, as a user runs it; the per-step losses rank 0 printed (``step N loss X``, one line
+    per step, in order)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(Path("examples") / file_name)]
+    done = subprocess.run(command, check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=600,
+                          env=env)
+    if done.returncode != 0:
+        raise RankFailure(f"{file_name} exited with {done.returncode}\n{_tail(done.stdout)}\n{_tail(done.stderr)}")
+    steps = re.findall(r"^step (\d+) loss ([0-9.e+-]+)$", done.stdout, flags=re.MULTILINE)
+    assert steps and [int(s) for s, _ in steps] == list(range(len(steps))), f"one line per step:\n{done.stdout}"
+    return [float(loss) for _, loss in steps]
+
+
+def load_example(file_name: str) -> ModuleType:
+    """``examples/<file_name>`` imported as a module (its model, batches and constants)."""
+    spec = importlib.util.spec_from_file_location(f"example_{Path(file_name).stem}", EXAMPLES / file_name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def report(values: dict[str, Any]) -> None:

@@ -7,20 +7,13 @@ on this machine); the module-scoped fixtures launch once and the tests check eac
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
-from ranks import SCRIPTS, TESTS, run_on_ranks
+from ranks import SCRIPTS, load_example, run_example, run_on_ranks
 
-EXAMPLES = TESTS.parent / "examples"
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 # fp16_compress_hook rounds each bucket to float16 (11 significant bits) before and after
 # the sum: the gradients move by a few parts in 1e4, the parameters after 3 steps less.
@@ -183,27 +176,6 @@ def test_pipeline_1f1b_four_stages_matches_whole_model() -> None:
 
 
 # ---- the examples, run as a user runs them ---------------------------------------------------
-
-
-def run_example(name: str) -> list[float]:
-    """``torchrun --standalone --nproc-per-node 2 examples/<name>`` from the repository
-    root; the per-step losses rank 0 printed (``step N loss X``)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(Path("examples") / name)]
-    done = subprocess.run(command, check=False, cwd=TESTS.parent, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, f"{name} exited with {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
-    steps = re.findall(r"^step (\d+) loss ([0-9.e+-]+)$", done.stdout, flags=re.MULTILINE)
-    assert steps and [int(s) for s, _ in steps] == list(range(len(steps))), f"one line per step:\n{done.stdout}"
-    return [float(loss) for _, loss in steps]
-
-
-def load_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{Path(name).stem}", EXAMPLES / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def whole_batch_losses(example: ModuleType) -> list[float]:

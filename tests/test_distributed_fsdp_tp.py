@@ -10,12 +10,6 @@ hold them to the tolerances.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -23,10 +17,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ranks import SCRIPTS, TESTS, run_on_ranks
+from ranks import EXAMPLES, SCRIPTS, load_example, run_example, run_on_ranks
 
 ATOL = 1e-5  # float32 against float32: allclose(rtol=0, atol=1e-5), on values of order 1
-EXAMPLES = TESTS.parent / "examples"
 
 
 def results(reports: list[dict[str, Any]], case: str) -> list[dict[str, Any]]:
@@ -231,27 +224,6 @@ def test_random_dtensor_ops_refuse_the_cpu_form_state(dtensor) -> None:
 
 
 # ---- the examples --------------------------------------------------------------------------------
-def load_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_example(name: str) -> list[float]:
-    """Runs ``examples/<name>.py`` as its docstring says; returns the losses rank 0 printed."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(EXAMPLES / f"{name}.py")]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=TESTS.parent,
-                          check=False)
-    assert done.returncode == 0, f"{name} exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    lines = re.findall(r"^step (\d+) loss ([0-9.]+)$", done.stdout, flags=re.MULTILINE)
-    assert [int(step) for step, _ in lines] == list(range(len(lines))) and lines, done.stdout
-    return [float(loss) for _, loss in lines]
-
-
 def reference_losses(example: ModuleType) -> list[float]:
     """The example's model and batches trained in this process on the CPU."""
     model = example.build_model()
@@ -267,10 +239,10 @@ def reference_losses(example: ModuleType) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("name", ["fsdp_train", "tp_train"])
+@pytest.mark.parametrize("name", ["fsdp_train.py", "tp_train.py"])
 def test_example_prints_the_losses_of_one_process(name: str) -> None:
     example = load_example(name)
     printed = run_example(name)
     assert len(printed) == example.STEPS
     assert_close(printed, reference_losses(example))  # printed with 6 decimals
-    assert Path(EXAMPLES / f"{name}.py").read_text().count("torchrun --standalone --nproc-per-node 2") == 1
+    assert (EXAMPLES / name).read_text().count("torchrun --standalone --nproc-per-node 2") == 1
