@@ -71,11 +71,31 @@ def test_adamw_steps_reuse_one_graph_and_match_the_cpu() -> None:
         torch.neuron.synchronize()
     counters = ae.counters()
     assert counters["graphs_built"] == 0 and counters["cache_hits"] == 10
+    assert counters["metas_computed"] == 0, "result metadata must come from the cache whatever the step's scalars"
     assert counters["ops_recorded"] / 10 < 2 * len(params)  # a few foreach ops per step, not ~8 per tensor
     step_graph = max(ae.graphs(), key=lambda g: g["hits"])
     assert step_graph["scalar_changes"] >= 10 and "scalars changed" in step_graph["note"]
     for p, q in zip(params, cpu_params):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-6, atol=1e-6)
+
+
+def test_result_metadata_is_cached_across_float_values() -> None:
+    """Pointwise and in-place ops' results do not depend on their float arguments' values:
+    a new learning rate or scale finds the metadata of the last call."""
+    x = torch.randn(8, 4, device="neuron")
+    params = [torch.randn(3, device="neuron"), torch.randn(2, 2, device="neuron")]
+    for scale in (0.5, 0.25):  # the first call of each op computes its metadata
+        y = x * scale
+        x.add_(y, alpha=scale)
+        torch._foreach_mul_(params, [scale, 2 * scale])
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    for scale in (0.125, 3.0, -1.5):
+        y = x * scale
+        x.add_(y, alpha=scale)
+        torch._foreach_mul_(params, [scale, 2 * scale])
+    torch.neuron.synchronize()
+    assert ae.counters()["ops_recorded"] == 9 and ae.counters()["metas_computed"] == 0
 
 
 def test_compiled_code_never_runs_with_stale_scalars() -> None:

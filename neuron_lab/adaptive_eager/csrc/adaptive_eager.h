@@ -103,7 +103,8 @@ struct Counters {
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
-      tiled_runs{0}, tiled_ops{0}, ops_run_at_once{0};
+      tiled_runs{0}, tiled_ops{0}, ops_run_at_once{0},
+      metas_computed{0};  // result metadata not in the cache: a meta kernel ran
   std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
   std::mutex mutex;
   std::map<std::string, uint64_t> syncs;  // by trigger: the op that waited, else the reason's words
@@ -165,6 +166,10 @@ struct OpClass {
   // An elementwise op (tagged pointwise, draws no random numbers) whose results replay
   // through its out= twin or in place: a run of them can replay tile by tile (tiled.cpp).
   bool pointwise = false;
+  // Its results' metadata cannot depend on the values of its floating-point arguments
+  // (pointwise, foreach and in-place ops): the metadata cache keys them by type only, so
+  // an optimizer step whose learning rate or bias correction changes every step hits it.
+  bool float_values_free = false;
 };
 
 // ---- op_catalog.cpp -------------------------------------------------------------------

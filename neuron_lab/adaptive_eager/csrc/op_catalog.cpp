@@ -7,6 +7,7 @@
 
 #include <array>
 #include <filesystem>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -124,6 +125,11 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   // In place and out= ops write their tensor arguments; functional ones need a twin.
   c.pointwise = op.hasTag(at::Tag::pointwise) && !op.hasTag(at::Tag::nondeterministic_seeded) &&
                 (!c.functional || c.out_twin.has_value());
+  // Not out= ops: an empty out= tensor takes the size the op computes (arange.out from
+  // its float start, end and step).
+  const bool in_place = !c.functional && !c.has_out_args;
+  c.float_values_free = op.hasTag(at::Tag::pointwise) || in_place ||
+                        std::string_view(schema.name()).rfind("aten::_foreach_", 0) == 0;
   return c;
 }
 

@@ -85,6 +85,7 @@ void register_bindings(py::module& m) {
     d["tiled_runs"] = c.tiled_runs.load();
     d["tiled_ops"] = c.tiled_ops.load();
     d["ops_run_at_once"] = c.ops_run_at_once.load();
+    d["metas_computed"] = c.metas_computed.load();
     d["graphs_unrepeated"] = repeats().unrepeated();
     std::lock_guard<std::mutex> lock(c.mutex);
     std::map<std::string, uint64_t> flushes;

@@ -78,7 +78,8 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops, &ops_run_at_once}) {
+                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops, &ops_run_at_once,
+                  &metas_computed}) {
     c->store(0);
   }
   for (auto& c : flushes) c.store(0);

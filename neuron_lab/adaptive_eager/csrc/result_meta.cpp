@@ -36,7 +36,9 @@ void put_tensor(std::string& key, const at::Tensor& t) {
 }
 
 // False if the value cannot be part of a signature (the result is then not cached).
-bool put_value(std::string& key, const c10::IValue& v) {
+// Floating-point values are keyed by their type only when they cannot change the
+// results' metadata (OpClass::float_values_free).
+bool put_value(std::string& key, const c10::IValue& v, bool float_values_free) {
   if (v.isTensor()) {
     put_tensor(key, v.toTensor());
   } else if (v.isNone()) {
@@ -46,7 +48,7 @@ bool put_value(std::string& key, const c10::IValue& v) {
     put(key, v.toInt());
   } else if (v.isDouble()) {
     key.push_back('d');
-    put(key, v.toDouble());
+    if (!float_values_free) put(key, v.toDouble());
   } else if (v.isBool()) {
     key.push_back('b');
     put(key, v.toBool());
@@ -65,7 +67,11 @@ bool put_value(std::string& key, const c10::IValue& v) {
     key.push_back('|');
   } else if (v.isDoubleList()) {
     key.push_back('F');
-    for (auto x : v.toDoubleVector()) put(key, x);
+    if (float_values_free) {
+      put(key, v.toDoubleVector().size());
+    } else {
+      for (auto x : v.toDoubleVector()) put(key, x);
+    }
     key.push_back('|');
   } else if (v.isBoolList()) {
     key.push_back('B');
@@ -78,7 +84,7 @@ bool put_value(std::string& key, const c10::IValue& v) {
   } else if (v.isList()) {
     key.push_back('O');
     for (const c10::IValue& e : v.toList()) {
-      if (!put_value(key, e)) return false;
+      if (!put_value(key, e, float_values_free)) return false;
     }
     key.push_back('|');
   } else {
@@ -258,7 +264,7 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
   key.clear();
   put(key, static_cast<const void*>(&op.schema()));
   bool cacheable = true;
-  for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i]);
+  for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i], cls.float_values_free);
   if (cacheable) {
     if (auto known = meta_cache().find(key)) return known;
   }
@@ -274,6 +280,7 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
     unknown->learn = true;
     return unknown;
   }
+  counters().metas_computed.fetch_add(1, std::memory_order_relaxed);
   auto computed = std::make_shared<const MetaResult>(compute_meta(op, cls, args, n));
   if (cacheable) meta_cache().remember(key, computed);
   return computed;
