@@ -10,7 +10,6 @@
 #include "runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/enum_tag.h>
 #include <ATen/core/stack.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
@@ -20,7 +19,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <unordered_set>
 
 namespace neuron {
 
@@ -407,34 +405,16 @@ namespace neuron {
 // a structured wrapper that makes the CPU out= kernel warn about resizing. The
 // CPU kernel, through the fallback, keeps results identical to the CPU's.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  const std::unordered_set<std::string> listed = {"mse_loss", "native_layer_norm", "native_group_norm", "addr",
-                                                   "addr.out", "_stack", "_stack.out", "all.dims_out",
-                                                   "any.dims_out", "linalg__powsum"};
-  for (const auto& name : listed) m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  for (const char* name : {"mse_loss", "native_layer_norm", "native_group_norm", "addr", "addr.out",
+                           "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
   // Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into
   // one op per tensor before reaching the fallback: recorded whole, an AdamW step
   // is ~10 records instead of ~10 per parameter, replayed by the CPU's foreach kernels.
-  //
-  // Structured ops (add, mul, sin, addmm, ...) would otherwise reach the device through
-  // their CompositeExplicitAutogradNonFunctional wrapper: a meta computation on the
-  // device tensors, an empty output, then the out= op through this fallback, which
-  // sets up the CPU kernel all over again. Taken here whole, they run the CPU's
-  // functional (or in-place) kernel once, as the CPU does.
-  auto& dispatcher = c10::Dispatcher::singleton();
-  for (const auto& op : dispatcher.getAllOpNames()) {
-    if (op.name.rfind("aten::", 0) != 0) continue;
-    bool take = op.name.rfind("aten::_foreach_", 0) == 0;
-    if (!take) {
-      const auto handle = dispatcher.findOp(op);
-      // Not those whose output shape may depend on data (index with a mask): through the
-      // wrapper, their out= form can still be recorded when it does not.
-      take = handle.has_value() &&
-             handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-             handle->hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-             !handle->hasTag(at::Tag::dynamic_output_shape) && !handle->hasTag(at::Tag::data_dependent_output);
-    }
+  for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (op.name.rfind("aten::_foreach_", 0) != 0) continue;
     const std::string name = op.name.substr(6) + (op.overload_name.empty() ? "" : "." + op.overload_name);
-    if (!take || listed.count(name) != 0) continue;
     m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
 }
