@@ -89,6 +89,22 @@ def load_example(file_name: str) -> ModuleType:
     return module
 
 
+def mse_losses(model: Any, optimizer: Any, batch: Any, steps: int) -> list[float]:
+    """Per-step MSE losses of ``model`` trained in this process on ``batch(step)``: the
+    single-process reference an example's printed losses are compared with."""
+    import torch.nn.functional as F
+
+    losses = []
+    for step in range(steps):
+        x, y = batch(step)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 def report(values: dict[str, Any]) -> None:
     """Rank side: hands this rank's results to ``run_on_ranks`` (call once, at the end)."""
     rank = int(os.environ["RANK"])

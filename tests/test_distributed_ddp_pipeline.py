@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from ranks import SCRIPTS, load_example, run_example, run_on_ranks
+from ranks import SCRIPTS, load_example, mse_losses, run_example, run_on_ranks
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 # fp16_compress_hook rounds each bucket to float16 (11 significant bits) before and after
@@ -182,16 +182,7 @@ def whole_batch_losses(example: ModuleType) -> list[float]:
     """The example's model trained on one process, on CPU, on each step's whole batch (the
     mean of the ranks' losses in DDP; of the microbatches' losses in the pipeline)."""
     model = example.make_model()
-    optimizer = example.make_optimizer(model.parameters())
-    losses = []
-    for step in range(example.STEPS):
-        x, y = example.make_batch(step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
+    return mse_losses(model, example.make_optimizer(model.parameters()), example.make_batch, example.STEPS)
 
 
 @pytest.mark.parametrize("name", ["ddp_train.py", "pipeline_train.py"])

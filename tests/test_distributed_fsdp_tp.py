@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from ranks import EXAMPLES, SCRIPTS, load_example, run_example, run_on_ranks
+from ranks import EXAMPLES, SCRIPTS, load_example, mse_losses, run_example, run_on_ranks
 
 ATOL = 1e-5  # float32 against float32: allclose(rtol=0, atol=1e-5), on values of order 1
 
@@ -227,16 +226,7 @@ def test_random_dtensor_ops_refuse_the_cpu_form_state(dtensor) -> None:
 def reference_losses(example: ModuleType) -> list[float]:
     """The example's model and batches trained in this process on the CPU."""
     model = example.build_model()
-    optimizer = example.make_optimizer(model)
-    losses = []
-    for step in range(example.STEPS):
-        x, y = example.batch(step)
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    return mse_losses(model, example.make_optimizer(model), example.batch, example.STEPS)
 
 
 @pytest.mark.parametrize("name", ["fsdp_train.py", "tp_train.py"])
