@@ -90,40 +90,72 @@ void Counters::reset() {
 
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
-void RepeatTracker::note_graph_launch(bool hit) {
+void RepeatTracker::note_graph_launch(bool hit, int64_t ops) {
   std::lock_guard<std::mutex> lock(mutex_);
-  window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
+  auto& slot = window_[static_cast<size_t>(next_)];
+  ops_ -= slot.ops;
+  if (slot.hit) hit_ops_ -= slot.ops;
+  slot = {hit, ops};
+  ops_ += ops;
+  if (hit) hit_ops_ += ops;
+  next_ = (next_ + 1) % kWindow;
   seen_ = std::min(seen_ + 1, kWindow);
-  probing_ = false;  // a probe ends with its first launch
-  const bool unrepeated = seen_ == kWindow && window_ == 0;
-  if (unrepeated != unrepeated_.load()) {
-    unrepeated_ = unrepeated;
-    trace::Event e;
-    e.time_ns = trace::now_ns();
-    e.kind = "policy";
-    e.what = unrepeated ? "ops run at once" : "ops recorded again";
-    e.detail = unrepeated ? "none of the last " + std::to_string(kWindow) +
-                                " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
-                                "than fusing saves: ops run at once while the device is idle"
-                          : "a recorded stretch of ops repeated a cached graph";
-    e.source = trace::capture();
-    trace::log_event(std::move(e));
+  if (probing_.load()) {
+    probe_ops_ += ops;
+    if (hit) probe_hit_ops_ += ops;
   }
+  set_unrepeated(seen_ == kWindow && hit_ops_ * kHitShare < ops_);
+}
+
+void RepeatTracker::set_unrepeated(bool unrepeated) {
+  if (!unrepeated) probing_ = false;
+  if (unrepeated == unrepeated_.load()) return;
+  unrepeated_ = unrepeated;
+  trace::Event e;
+  e.time_ns = trace::now_ns();
+  e.kind = "policy";
+  e.what = unrepeated ? "ops run at once" : "ops recorded again";
+  e.detail = unrepeated ? "of the " + std::to_string(ops_) + " ops in the last " + std::to_string(kWindow) +
+                              " graphs, only " + std::to_string(hit_ops_) +
+                              " repeated a cached graph (e.g. shapes that grow every step), so building graphs "
+                              "costs more than fusing saves: ops run at once while the device is idle"
+                        : "recorded ops repeated cached graphs";
+  e.source = trace::capture();
+  trace::log_event(std::move(e));
 }
 
 void RepeatTracker::note_host_wait() {
   if (!unrepeated_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (++waits_ >= kProbeEvery) {
-    waits_ = 0;
-    probing_ = true;
+  if (!probing_.load()) {
+    if (++waits_ >= probe_every_) {
+      waits_ = 0;
+      probe_ops_ = probe_hit_ops_ = 0;
+      probing_ = true;
+    }
+    return;
+  }
+  if (++waits_ < kProbeWaits) return;
+  waits_ = 0;
+  probing_ = false;
+  if (probe_ops_ > 0 && probe_hit_ops_ * kHitShare >= probe_ops_) {
+    // The program repeats again: record, and judge it afresh from the launches to come.
+    window_.fill({});
+    next_ = seen_ = 0;
+    ops_ = hit_ops_ = 0;
+    probe_every_ = kProbeEvery;
+    set_unrepeated(false);
+  } else {
+    probe_every_ = std::min(probe_every_ * 2, kProbeEveryMax);
   }
 }
 
 void RepeatTracker::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
-  window_ = 0;
-  seen_ = waits_ = 0;
+  window_.fill({});
+  next_ = seen_ = waits_ = 0;
+  ops_ = hit_ops_ = probe_ops_ = probe_hit_ops_ = 0;
+  probe_every_ = kProbeEvery;
   unrepeated_ = probing_ = false;
 }
 
@@ -231,7 +263,14 @@ void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   if (b.records.empty()) return;
   std::vector<Record> records;
   records.swap(b.records);
-  g_buffered_records.fetch_sub(static_cast<int64_t>(records.size()), std::memory_order_relaxed);
+  // The records count as buffered until launch() has noted which storages they use: a
+  // thread that finds nothing buffered runs ops at once after waiting only for the
+  // launches using its tensors, so it must find these records in one place or the other.
+  const auto n_records = static_cast<int64_t>(records.size());
+  struct Unbuffer {
+    int64_t n;
+    ~Unbuffer() { g_buffered_records.fetch_sub(n, std::memory_order_acq_rel); }
+  } unbuffer{n_records};
   b.records.reserve(records.size());  // the next buffer is likely as long: no regrowth per op
   b.bytes = 0;
   b.first_checked = false;
@@ -316,6 +355,11 @@ thread_local const char* tl_inline_why = nullptr;
 thread_local const std::string* tl_inline_why_string = nullptr;
 // try_record let the op run at once (RepeatTracker): its host access is not a fusion boundary.
 thread_local bool tl_run_at_once = false;
+// An op's kernel is running at once on this thread: a resize of its out= tensor inside
+// it (arange's composite makes an empty tensor and resizes it) is no host wait either.
+// Set by the op's host access, cleared when it returns (after_inline_run) or the next op
+// arrives.
+thread_local bool tl_in_at_once_kernel = false;
 
 // Adds the host time of one try_record call to the tracing total.
 struct RecordTimer {
@@ -333,6 +377,7 @@ bool refuse(const char* why) {
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   forget_lesson();  // a lesson belongs to the call that set it, and no later one
   tl_run_at_once = false;  // so is a decision to run at once (the op may have failed before its host access)
+  tl_in_at_once_kernel = false;
   if (mode() == Mode::Blocking || on_device_thread()) return refuse(nullptr);
   RecordTimer timer;
   const OpClass& cls = classify(op);
@@ -373,7 +418,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // on this thread, as blocking mode runs it (the same CPU kernel: the same numbers).
   if (repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
       policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
-      g_buffered_records.load(std::memory_order_relaxed) == 0 &&
+      g_buffered_records.load(std::memory_order_acquire) == 0 &&
       stream_idle(stream_state(current_stream(scan.device)))) {
     tl_run_at_once = true;
     counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
@@ -545,7 +590,10 @@ void note_sync(Reason reason, std::string_view what) {
 }
 
 void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) {
-  if (std::exchange(tl_run_at_once, false) && g_buffered_records.load(std::memory_order_relaxed) == 0) {
+  const bool at_once = std::exchange(tl_run_at_once, false) ||
+                       (tl_in_at_once_kernel && reason == Reason::MetadataChange);
+  if (at_once && g_buffered_records.load(std::memory_order_acquire) == 0) {
+    tl_in_at_once_kernel = true;
     // Nothing is buffered and this stream was idle: only launches of other streams may
     // still use these tensors.
     for (const auto& t : tensors) {
@@ -621,6 +669,7 @@ class Recorder final : public OpInterceptor {
   void check_readable(const at::Tensor& t) override { lazy::check_readable(t); }
   void note_written(const at::Tensor& t) override { lazy::note_written(t); }
   void after_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) override {
+    tl_in_at_once_kernel = false;
     learn_from_inline_run(op, stack);
   }
   bool defers_allocation() const override { return lazy_allocation(); }
