@@ -91,12 +91,11 @@ def configure(
     capture_source: record each op's user source line (for errors and the profiler).
     graph_cache_size: graphs the cache holds at most; beyond, the least recently used
         is evicted (default 1024; ``counters()["graphs_evicted"]`` counts them).
-    run_unrepeated_at_once: when fewer than half of the ops of the last 32 graphs ran in
-        cached graphs (``generate()``, whose shapes grow every step), building graphs costs
-        more than fusing saves: ops then run at once on the calling thread while the device
-        is idle, with the same kernels and numbers (default True;
-        ``counters()["ops_run_at_once"]`` counts them, and probes, recorded stretches of 4
-        host waits every 16 to 64, find out when graphs repeat again).
+    run_unrepeated_at_once: when none of the last 32 graphs repeated (``generate()``,
+        whose shapes grow every step), building graphs costs more than fusing saves: ops
+        then run at once on the calling thread while the device is idle, with the same
+        kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
+        and a recorded stretch every 16 host waits finds out when graphs repeat again).
     """
     current = _native.policy()
     new = {

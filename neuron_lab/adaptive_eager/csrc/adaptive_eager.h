@@ -62,7 +62,7 @@ struct Policy {
   std::atomic<bool> compile{false};
   std::atomic<bool> capture_source{true};        // user source line per op
   std::atomic<int64_t> graph_cache_size{1024};   // graphs cached at most (least recently used evicted)
-  // When recent graphs rarely repeat (generate(): the KV cache grows every step), building
+  // When recent graphs never repeat (generate(): the KV cache grows every step), building
   // each costs more than fusing saves: ops then run at once on the calling thread while
   // the device is idle and nothing is buffered, as blocking mode runs them (RepeatTracker).
   std::atomic<bool> run_unrepeated_at_once{true};
@@ -70,27 +70,16 @@ struct Policy {
 Policy& policy();
 
 // Whether the graphs the runtime builds repeat. It watches the last kWindow graph
-// launches, weighted by their ops: when fewer than half of their ops ran in cached
-// graphs, recording mostly builds graphs that never return and ops run at once
-// (Policy::run_unrepeated_at_once). generate() is the case: its decode step has new shapes
-// every token; only its fixed-shape parts repeat (in tiny Llama, one 32-op graph per
-// token, 27% of its ops), and recording every token took 1.6-1.8 s
-// against 1.0-1.4 s running ops at once. Training loops reach 76-100% within 10 steps.
-// After kProbeEvery host waits it records ops again for kProbeWaits host waits (a probe,
-// from one natural boundary to another, long enough to span a step with a few waits):
-// when at least half of the probe's ops hit cached graphs the program repeats again, and
-// recording resumes with a fresh window. Each probe that finds no repeats doubles the
-// wait to the next, up to kProbeEveryMax: probes cost generate() the graphs they build.
+// launches; when none of them was a cache hit, nothing repeats and ops run at once
+// (Policy::run_unrepeated_at_once). Every kProbeEvery host waits it records the next
+// stretch of ops again (a probe, starting at a natural boundary): a probe that hits a
+// cached graph means the program repeats again, and recording resumes.
 class RepeatTracker {
  public:
   static constexpr int kWindow = 32;
   static constexpr int kProbeEvery = 16;
-  static constexpr int kProbeEveryMax = 64;
-  static constexpr int kProbeWaits = 4;
-  // Ops run at once while the window's cache hits hold less than 1/kHitShare of its ops.
-  static constexpr int64_t kHitShare = 2;
-  // A graph launch of `ops` ops: whether its graph came from the cache.
-  void note_graph_launch(bool hit, int64_t ops);
+  // A graph launch: whether its graph came from the cache.
+  void note_graph_launch(bool hit);
   // The host waited for the device (a natural boundary for a probe).
   void note_host_wait();
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
@@ -99,19 +88,10 @@ class RepeatTracker {
   void reset();
 
  private:
-  struct Seen {
-    bool hit = false;
-    int64_t ops = 0;
-  };
   std::mutex mutex_;
-  std::array<Seen, kWindow> window_{};  // the last launches, a ring
-  int next_ = 0;                        // where the next launch goes
-  int seen_ = 0;                        // launches in the window (up to kWindow)
-  int64_t ops_ = 0, hit_ops_ = 0;       // the window's ops, and those of its cache hits
-  int waits_ = 0;                       // host waits since the last probe (or in this one)
-  int probe_every_ = kProbeEvery;       // host waits from one probe to the next
-  int64_t probe_ops_ = 0, probe_hit_ops_ = 0;
-  void set_unrepeated(bool unrepeated);  // mutex_ held
+  uint64_t window_ = 0;  // hit bits of the last launches, newest lowest
+  int seen_ = 0;         // launches in the window (up to kWindow)
+  int waits_ = 0;        // host waits since the last probe
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
 };

@@ -159,7 +159,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       }
     });
     (hit ? c.cache_hits : c.graphs_built).fetch_add(1, std::memory_order_relaxed);
-    repeats().note_graph_launch(hit, static_cast<int64_t>(l->records.size()));
+    repeats().note_graph_launch(hit);
   }
   if (compile_it) request_compile(l->graph, l->records, storages);
   // Dead intermediates get host scratch now, on this thread, unless compiled

@@ -90,72 +90,40 @@ void Counters::reset() {
 
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
-void RepeatTracker::note_graph_launch(bool hit, int64_t ops) {
+void RepeatTracker::note_graph_launch(bool hit) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto& slot = window_[static_cast<size_t>(next_)];
-  ops_ -= slot.ops;
-  if (slot.hit) hit_ops_ -= slot.ops;
-  slot = {hit, ops};
-  ops_ += ops;
-  if (hit) hit_ops_ += ops;
-  next_ = (next_ + 1) % kWindow;
+  window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
   seen_ = std::min(seen_ + 1, kWindow);
-  if (probing_.load()) {
-    probe_ops_ += ops;
-    if (hit) probe_hit_ops_ += ops;
+  probing_ = false;  // a probe ends with its first launch
+  const bool unrepeated = seen_ == kWindow && window_ == 0;
+  if (unrepeated != unrepeated_.load()) {
+    unrepeated_ = unrepeated;
+    trace::Event e;
+    e.time_ns = trace::now_ns();
+    e.kind = "policy";
+    e.what = unrepeated ? "ops run at once" : "ops recorded again";
+    e.detail = unrepeated ? "none of the last " + std::to_string(kWindow) +
+                                " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
+                                "than fusing saves: ops run at once while the device is idle"
+                          : "a recorded stretch of ops repeated a cached graph";
+    e.source = trace::capture();
+    trace::log_event(std::move(e));
   }
-  set_unrepeated(seen_ == kWindow && hit_ops_ * kHitShare < ops_);
-}
-
-void RepeatTracker::set_unrepeated(bool unrepeated) {
-  if (!unrepeated) probing_ = false;
-  if (unrepeated == unrepeated_.load()) return;
-  unrepeated_ = unrepeated;
-  trace::Event e;
-  e.time_ns = trace::now_ns();
-  e.kind = "policy";
-  e.what = unrepeated ? "ops run at once" : "ops recorded again";
-  e.detail = unrepeated ? "of the " + std::to_string(ops_) + " ops in the last " + std::to_string(kWindow) +
-                              " graphs, only " + std::to_string(hit_ops_) +
-                              " repeated a cached graph (e.g. shapes that grow every step), so building graphs "
-                              "costs more than fusing saves: ops run at once while the device is idle"
-                        : "recorded ops repeated cached graphs";
-  e.source = trace::capture();
-  trace::log_event(std::move(e));
 }
 
 void RepeatTracker::note_host_wait() {
   if (!unrepeated_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!probing_.load()) {
-    if (++waits_ >= probe_every_) {
-      waits_ = 0;
-      probe_ops_ = probe_hit_ops_ = 0;
-      probing_ = true;
-    }
-    return;
-  }
-  if (++waits_ < kProbeWaits) return;
-  waits_ = 0;
-  probing_ = false;
-  if (probe_ops_ > 0 && probe_hit_ops_ * kHitShare >= probe_ops_) {
-    // The program repeats again: record, and judge it afresh from the launches to come.
-    window_.fill({});
-    next_ = seen_ = 0;
-    ops_ = hit_ops_ = 0;
-    probe_every_ = kProbeEvery;
-    set_unrepeated(false);
-  } else {
-    probe_every_ = std::min(probe_every_ * 2, kProbeEveryMax);
+  if (++waits_ >= kProbeEvery) {
+    waits_ = 0;
+    probing_ = true;
   }
 }
 
 void RepeatTracker::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
-  window_.fill({});
-  next_ = seen_ = waits_ = 0;
-  ops_ = hit_ops_ = probe_ops_ = probe_hit_ops_ = 0;
-  probe_every_ = kProbeEvery;
+  window_ = 0;
+  seen_ = waits_ = 0;
   unrepeated_ = probing_ = false;
 }
 
