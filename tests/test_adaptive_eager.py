@@ -894,7 +894,8 @@ def test_an_idle_device_gets_buffered_work_before_any_wait() -> None:
 
 def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     """Once warm, a loop's buffers follow the cached graphs to their ends, wherever an idle
-    device cut them first: no new graph per step, whatever the device's timing."""
+    device cut them first: no new graph per step, whatever the device's timing. (Graphs
+    launched back to back join in the first steps: a few graphs more, once.)"""
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(12)]).to("neuron")
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -908,7 +909,7 @@ def test_a_training_loop_settles_on_its_cached_graphs() -> None:
         return loss.item()
 
     ae.clear_graph_cache()
-    for _ in range(4):
+    for _ in range(8):
         step()
     ae.reset_counters()
     for _ in range(10):
@@ -916,6 +917,58 @@ def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     c = ae.counters()
     assert c["graphs_built"] == 0, (c["graphs_built"], c["flushes"])
     assert c["cache_hits"] == c["graph_launches"] > 0
+
+
+def _two_halves(x: torch.Tensor, sync_between: bool) -> torch.Tensor:
+    """Two stretches of 40 elementwise ops; optionally a host wait between them."""
+    y = x
+    for k in range(20):
+        y = y * 0.5 + k
+    if sync_between:
+        torch.neuron.synchronize()
+    for k in range(20):
+        y = y.sin() - k
+    return y
+
+
+def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
+    """A loop whose first iteration was cut in two (here by a wait that later iterations
+    do not have; an idle device cuts at timing-dependent places) launches both cached
+    graphs back to back each iteration; after a few such iterations they join into one
+    graph, with the same bits."""
+    neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)  # no idle cut inside a half
+    x = torch.randn(64, device="neuron")
+    expected = _two_halves(x.cpu(), sync_between=False)
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    first = _two_halves(x, sync_between=True)
+    torch.neuron.synchronize()
+    assert ae.counters()["graphs_built"] == 2
+    launches = []
+    for _ in range(8):
+        before = ae.counters()["launches"]
+        out = _two_halves(x, sync_between=False)
+        torch.neuron.synchronize()
+        launches.append(ae.counters()["launches"] - before)
+        assert torch.equal(out.cpu(), expected)
+    assert torch.equal(first.cpu(), expected)
+    assert launches[:2] == [2, 2] and launches[2:] == [1] * 6, launches
+    c = ae.counters()
+    assert c["graph_joins"] == 1 and c["graphs_built"] == 3, c
+
+
+def test_graphs_with_a_host_wait_between_them_never_join() -> None:
+    """What the host waits for between two graphs cannot be in one graph with them."""
+    neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)
+    x = torch.randn(64, device="neuron")
+    torch.neuron.synchronize()
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    for _ in range(8):
+        _two_halves(x, sync_between=True)
+        torch.neuron.synchronize()
+    c = ae.counters()
+    assert c["graph_joins"] == 0 and c["graphs_built"] == 2, c
 
 
 def test_a_short_expression_runs_as_one_graph_once_cached() -> None:

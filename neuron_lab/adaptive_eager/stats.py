@@ -21,7 +21,8 @@ def counters() -> dict:
     on the calling thread: host reads, data-dependent shapes, ...; by op in
     ``inline_by_op``), dead_intermediate_bytes (results that never took device
     memory), live_result_bytes, graphs_evicted (least recently used graphs dropped from
-    the bounded cache), flushes (by reason) and syncs (host waits, by reason).
+    the bounded cache), graph_joins (a cached graph's buffer held on to take in the graph
+    that always follows it), flushes (by reason) and syncs (host waits, by reason).
     """
     return dict(_native.counters())
 

@@ -103,6 +103,7 @@ struct Counters {
       compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
+      graph_joins{0},  // buffers held past a cached graph's end to join its usual successor
       tiled_runs{0}, tiled_ops{0}, ops_run_at_once{0},
       metas_computed{0};  // result metadata not in the cache: a meta kernel ran
   std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
@@ -138,6 +139,8 @@ bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src);
 void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what);
 // Notes a tensor just created by an empty kernel for a structured op's output.
 void note_fresh_output(const at::Tensor& t);
+// Forgets which cached graphs follow each other (their joins), with the graph cache.
+void forget_graph_successors();
 // True when new tensors should be created pending (lazy modes).
 bool lazy_allocation();
 void note_sync(Reason reason, std::string_view what);

@@ -544,6 +544,7 @@ void Graph::note_run(bool compiled, int64_t ns) {
 void clear_graph_cache() {
   graph_cache().clear();
   repeats().reset();  // what repeated was judged against the graphs just forgotten
+  forget_graph_successors();  // so were the graphs that follow each other
   // The bookkeeping of finished launches and freed memory goes with it (what is still
   // in flight, or still allocated and never computed, stays: forgetting it would let a
   // host access skip a wait, or read a value that was never computed).

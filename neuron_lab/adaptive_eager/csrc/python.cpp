@@ -82,6 +82,7 @@ void register_bindings(py::module& m) {
     d["dead_intermediate_bytes"] = c.dead_intermediate_bytes.load();
     d["live_result_bytes"] = c.live_result_bytes.load();
     d["graphs_evicted"] = c.graphs_evicted.load();
+    d["graph_joins"] = c.graph_joins.load();
     d["tiled_runs"] = c.tiled_runs.load();
     d["tiled_ops"] = c.tiled_ops.load();
     d["ops_run_at_once"] = c.ops_run_at_once.load();

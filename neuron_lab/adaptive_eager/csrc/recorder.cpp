@@ -15,7 +15,9 @@
 //   - it starts like a cached graph of at least policy().idle_flush_ops ops and has
 //     reached that graph's length: a loop settles on the same graphs every iteration,
 //     whatever the device's timing (a buffer following a cached graph is not cut before
-//     that length);
+//     that length). Two cached graphs that a loop launches back to back, kJoinAfter
+//     times in a row, join: the buffer is held to both lengths (up to max_ops), so the
+//     places where an idle device cut the first iterations do not stay forever;
 //   - otherwise, the device is idle and the buffer holds at least
 //     policy().idle_flush_ops ops or (starting no cached graph) policy().idle_flush_bytes
 //     of results: an idle device gets work promptly, and computes while the host
@@ -78,7 +80,7 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted, &tiled_runs, &tiled_ops, &ops_run_at_once,
+                  &live_result_bytes, &graphs_evicted, &graph_joins, &tiled_runs, &tiled_ops, &ops_run_at_once,
                   &metas_computed}) {
     c->store(0);
   }
@@ -164,6 +166,37 @@ void note_fresh_output(const at::Tensor& t) {
 
 namespace {
 
+// A cached graph as the flush policy sees it: the hash of its first record and its length.
+struct GraphSpan {
+  uint64_t first_record_hash = 0;
+  int64_t n_ops = 0;
+  bool operator==(const GraphSpan& o) const { return first_record_hash == o.first_record_hash && n_ops == o.n_ops; }
+};
+struct GraphSpanHash {
+  size_t operator()(const GraphSpan& g) const { return g.first_record_hash ^ (static_cast<uint64_t>(g.n_ops) << 1); }
+};
+
+// The cached graph that followed a graph launched at its cached end, with nothing between
+// them on the host (no wait, no other flush, no op run at once), and how many times in a
+// row it did.
+struct Successor {
+  GraphSpan next;
+  int times = 0;
+};
+
+// A launch at a cached graph's end, while nothing has happened on the host since.
+struct JustEnded {
+  GraphSpan graph;
+  std::thread::id owner;
+  int graph_task = -1;
+  uint64_t host_ops = 0;  // ops run at once or inline so far (host_ops_so_far())
+};
+
+// Successors that joined once stay joined; this many in a row are needed first.
+constexpr int kJoinAfter = 2;
+// Successors kept per stream; past that the table starts again (the shapes of a session change).
+constexpr size_t kMaxSuccessors = 4096;
+
 struct Buffer {
   std::mutex mutex;
   std::vector<Record> records;
@@ -171,8 +204,21 @@ struct Buffer {
   int graph_task = -1;  // the autograd backward pass the records were made in (-1: none)
   int64_t bytes = 0;
   bool first_checked = false;
+  uint64_t first_record_hash = 0;
   int64_t follow_ops = 0;  // the length of the cached graph that starts like this buffer (0: none)
+  // Joining: a loop whose graphs were cut at timing-dependent places (an idle device in
+  // its first iterations) launches two graphs back to back every iteration. Once a pair
+  // has followed each other kJoinAfter times in a row, the buffer following the first is
+  // held to both lengths: one graph from then on, whatever the device's timing was.
+  std::optional<JustEnded> just_ended;
+  std::unordered_map<GraphSpan, Successor, GraphSpanHash> successors;
+  std::optional<GraphSpan> joining;  // the graph this buffer was held past, to join its successor
 };
+
+uint64_t host_ops_so_far() {
+  const auto& c = counters();
+  return c.ops_run_at_once.load(std::memory_order_relaxed) + c.inline_ops.load(std::memory_order_relaxed);
+}
 
 // Every stream's buffer, made on its first recorded op. Buffers live as long as the
 // process (streams do), so a thread keeps a pointer to the one it used last.
@@ -228,6 +274,13 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 
 // Called with the buffer locked.
 void flush_locked(Buffer& b, StreamState& s, Reason reason) {
+  b.just_ended.reset();  // a flush (or a wait that asks for one) comes between two launches
+  if (b.joining.has_value()) {
+    // A join that did not reach its length (a wait came first): that pair is not a rule.
+    const bool reached = reason == Reason::CachedGraphEnd && static_cast<int64_t>(b.records.size()) == b.follow_ops;
+    if (!reached) b.successors.erase(*b.joining);
+    b.joining.reset();
+  }
   if (b.records.empty()) return;
   std::vector<Record> records;
   records.swap(b.records);
@@ -249,11 +302,37 @@ void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   trace::add_record_time(trace::now_ns() - start);
 }
 
+// The buffer has just started: if it follows a cached graph right after another one
+// ended, count the pair. A backward pass that starts, or another thread, never joins.
+void note_successor(Buffer& b) {
+  if (!b.just_ended.has_value()) return;
+  const JustEnded ended = *b.just_ended;
+  b.just_ended.reset();
+  const bool backward_starts = b.graph_task != -1 && b.graph_task != ended.graph_task;
+  if (b.follow_ops == 0 || backward_starts || b.owner != ended.owner || host_ops_so_far() != ended.host_ops) return;
+  if (b.successors.size() >= kMaxSuccessors) b.successors.clear();
+  auto& successor = b.successors[ended.graph];
+  const GraphSpan next{b.first_record_hash, b.follow_ops};
+  successor.times = successor.next == next ? successor.times + 1 : 1;
+  successor.next = next;
+}
+
+// The length to hold a buffer to that has reached the end of the cached graph it
+// follows: that graph's, or with its usual successor joined on.
+int64_t joined_length(const Buffer& b) {
+  const auto it = b.successors.find(GraphSpan{b.first_record_hash, b.follow_ops});
+  if (it == b.successors.end() || it->second.times < kJoinAfter) return b.follow_ops;
+  const int64_t joined = b.follow_ops + it->second.next.n_ops;
+  return joined <= policy().max_ops.load() ? joined : b.follow_ops;
+}
+
 // Whether a cached graph starts like this buffer (looked up once per buffer).
 bool follows_cached_graph(Buffer& b) {
   if (!b.first_checked) {
-    b.follow_ops = cached_graph_length_from(record_hash(b.records.front()));
+    b.first_record_hash = record_hash(b.records.front());
+    b.follow_ops = cached_graph_length_from(b.first_record_hash);
     b.first_checked = true;
+    note_successor(b);
   }
   return b.follow_ops > 0;
 }
@@ -265,6 +344,14 @@ void flush_stream_buffer(c10::Stream stream, Reason reason) {
   auto& b = buffer_of(s);
   auto lock = lock_buffer(b);
   flush_locked(b, s, reason);
+}
+
+void forget_graph_successors() {
+  for (auto& [s, b] : buffers().of_device(-1)) {
+    auto lock = lock_buffer(*b);
+    b->successors.clear();
+    b->just_ended.reset();
+  }
 }
 
 void flush_device_buffers(c10::DeviceIndex device, Reason reason) {
@@ -511,7 +598,15 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const int64_t enough_ops = policy().idle_flush_ops.load();
     const bool follows = follows_cached_graph(b);
     if (follows && n == b.follow_ops && n >= enough_ops) {
-      flush_locked(b, s, Reason::CachedGraphEnd);
+      if (const int64_t joined = joined_length(b); joined > n) {
+        b.joining = GraphSpan{b.first_record_hash, n};
+        b.follow_ops = joined;  // record on: its successor joins it
+        counters().graph_joins.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        const GraphSpan ended{b.first_record_hash, n};
+        flush_locked(b, s, Reason::CachedGraphEnd);
+        b.just_ended = JustEnded{ended, me, graph_task, host_ops_so_far()};
+      }
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
                (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
       flush_locked(b, s, Reason::DeviceIdle);
