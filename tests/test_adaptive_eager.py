@@ -955,6 +955,8 @@ def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
     assert launches[:2] == [2, 2] and launches[2:] == [1] * 6, launches
     c = ae.counters()
     assert c["graph_joins"] == 1 and c["graphs_built"] == 3, c
+    joins = [e for e in neuron_lab.observability.records.events_since(0) if e.what == "graphs joined"]
+    assert joins and "40 ops from aten::mul" in joins[-1].detail and "graph of 40 ops" in joins[-1].detail
 
 
 def test_graphs_with_a_host_wait_between_them_never_join() -> None:

@@ -317,6 +317,19 @@ void note_successor(Buffer& b) {
   successor.next = next;
 }
 
+// Says why the next graph is new: explain() and the timeline show it.
+void note_join(const Record& first, int64_t n_ops, int64_t next_ops) {
+  trace::Event e;
+  e.time_ns = trace::now_ns();
+  e.kind = "policy";
+  e.what = "graphs joined";
+  e.detail = "the cached graph of " + std::to_string(n_ops) + " ops from " + first.op.schema().operator_name().name +
+             " and the graph of " + std::to_string(next_ops) + " ops that followed it " + std::to_string(kJoinAfter) +
+             " times in a row, with nothing between them on the host, now launch as one graph";
+  e.source = first.source;
+  trace::log_event(std::move(e));
+}
+
 // The length to hold a buffer to that has reached the end of the cached graph it
 // follows: that graph's, or with its usual successor joined on.
 int64_t joined_length(const Buffer& b) {
@@ -602,6 +615,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         b.joining = GraphSpan{b.first_record_hash, n};
         b.follow_ops = joined;  // record on: its successor joins it
         counters().graph_joins.fetch_add(1, std::memory_order_relaxed);
+        note_join(b.records.front(), n, joined - n);
       } else {
         const GraphSpan ended{b.first_record_hash, n};
         flush_locked(b, s, Reason::CachedGraphEnd);
