@@ -919,44 +919,49 @@ def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     assert c["cache_hits"] == c["graph_launches"] > 0
 
 
-def _two_halves(x: torch.Tensor, sync_between: bool) -> torch.Tensor:
-    """Two stretches of 40 elementwise ops; optionally a host wait between them."""
+def _three_stretches(x: torch.Tensor, cut: bool) -> torch.Tensor:
+    """Three stretches of 40 elementwise ops; with `cut`, a host wait after each."""
     y = x
-    for k in range(20):
-        y = y * 0.5 + k
-    if sync_between:
-        torch.neuron.synchronize()
-    for k in range(20):
-        y = y.sin() - k
+    for op in (lambda y, k: y * 0.5 + k, lambda y, k: y.sin() - k, lambda y, k: y.cos() * k):
+        for k in range(20):
+            y = op(y, k)
+        if cut:
+            torch.neuron.synchronize()
     return y
 
 
-def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
-    """A loop whose first iteration was cut in two (here by a wait that later iterations
-    do not have; an idle device cuts at timing-dependent places) launches both cached
-    graphs back to back each iteration; after a few such iterations they join into one
-    graph, with the same bits."""
-    neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)  # no idle cut inside a half
-    x = torch.randn(64, device="neuron")
-    expected = _two_halves(x.cpu(), sync_between=False)
-    ae.clear_graph_cache()
-    ae.reset_counters()
-    first = _two_halves(x, sync_between=True)
-    torch.neuron.synchronize()
-    assert ae.counters()["graphs_built"] == 2
+def _launches_per_iteration(x: torch.Tensor, iterations: int, cut: bool) -> list[int]:
+    """Runs the stretches `iterations` times, each after a host wait; the launches of each."""
+    expected = _three_stretches(x.cpu(), cut=False)
     launches = []
-    for _ in range(8):
+    for _ in range(iterations):
         before = ae.counters()["launches"]
-        out = _two_halves(x, sync_between=False)
+        out = _three_stretches(x, cut)
         torch.neuron.synchronize()
         launches.append(ae.counters()["launches"] - before)
         assert torch.equal(out.cpu(), expected)
-    assert torch.equal(first.cpu(), expected)
-    assert launches[:2] == [2, 2] and launches[2:] == [1] * 6, launches
+    return launches
+
+
+def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
+    """A loop whose first iteration was cut in three (here by waits that later iterations
+    do not have; an idle device cuts at timing-dependent places) launches the cached
+    graphs back to back each iteration; after a few such iterations the second and third
+    join, with the same bits. The first launch after the host's wait stays short: the
+    idle device gets it while the host records the rest."""
+    neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)  # no idle cut inside a stretch
+    x = torch.randn(64, device="neuron")
+    torch.neuron.synchronize()
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    assert _launches_per_iteration(x, 1, cut=True) == [3]
+    assert ae.counters()["graphs_built"] == 3
+    launches = _launches_per_iteration(x, 8, cut=False)
+    assert launches[:2] == [3, 3] and launches[2:] == [2] * 6, launches
     c = ae.counters()
-    assert c["graph_joins"] == 1 and c["graphs_built"] == 3, c
+    assert c["graph_joins"] == 1 and c["graphs_built"] == 4, c
     joins = [e for e in neuron_lab.observability.records.events_since(0) if e.what == "graphs joined"]
-    assert joins and "40 ops from aten::mul" in joins[-1].detail and "graph of 40 ops" in joins[-1].detail
+    assert joins and "40 ops from aten::sin" in joins[-1].detail and "graph of 40 ops" in joins[-1].detail
 
 
 def test_graphs_with_a_host_wait_between_them_never_join() -> None:
@@ -966,11 +971,9 @@ def test_graphs_with_a_host_wait_between_them_never_join() -> None:
     torch.neuron.synchronize()
     ae.clear_graph_cache()
     ae.reset_counters()
-    for _ in range(8):
-        _two_halves(x, sync_between=True)
-        torch.neuron.synchronize()
+    assert _launches_per_iteration(x, 8, cut=True) == [3] * 8
     c = ae.counters()
-    assert c["graph_joins"] == 0 and c["graphs_built"] == 2, c
+    assert c["graph_joins"] == 0 and c["graphs_built"] == 3, c
 
 
 def test_a_short_expression_runs_as_one_graph_once_cached() -> None:

@@ -17,7 +17,8 @@
 //     whatever the device's timing (a buffer following a cached graph is not cut before
 //     that length). Two cached graphs that a loop launches back to back, kJoinAfter
 //     times in a row, join: the buffer is held to both lengths (up to max_ops), so the
-//     places where an idle device cut the first iterations do not stay forever;
+//     places where an idle device cut the first iterations do not stay forever (the
+//     first launch after a host wait stays short: the idle device gets it at once);
 //   - otherwise, the device is idle and the buffer holds at least
 //     policy().idle_flush_ops ops or (starting no cached graph) policy().idle_flush_bytes
 //     of results: an idle device gets work promptly, and computes while the host
@@ -213,7 +214,17 @@ struct Buffer {
   std::optional<JustEnded> just_ended;
   std::unordered_map<GraphSpan, Successor, GraphSpanHash> successors;
   std::optional<GraphSpan> joining;  // the graph this buffer was held past, to join its successor
+  // The next launch is the first since the host waited: the device is idle until it
+  // arrives, so it stays short (it never joins its successor).
+  bool next_after_wait = true;
 };
+
+// Flushes of the runtime's own policy; every other reason is a wait of the host, or an
+// order of the user's, after which the device runs dry.
+bool policy_flush(Reason reason) {
+  return reason == Reason::CachedGraphEnd || reason == Reason::DeviceIdle || reason == Reason::OpLimit ||
+         reason == Reason::BackwardStart || reason == Reason::ThreadSwitch || reason == Reason::Eager;
+}
 
 uint64_t host_ops_so_far() {
   const auto& c = counters();
@@ -275,13 +286,16 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 // Called with the buffer locked.
 void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   b.just_ended.reset();  // a flush (or a wait that asks for one) comes between two launches
+  const bool after_wait = std::exchange(b.next_after_wait, !policy_flush(reason));
   if (b.joining.has_value()) {
     // A join that did not reach its length (a wait came first): that pair is not a rule.
-    const bool reached = reason == Reason::CachedGraphEnd && static_cast<int64_t>(b.records.size()) == b.follow_ops;
-    if (!reached) b.successors.erase(*b.joining);
+    if (static_cast<int64_t>(b.records.size()) != b.follow_ops) b.successors.erase(*b.joining);
     b.joining.reset();
   }
-  if (b.records.empty()) return;
+  if (b.records.empty()) {
+    b.next_after_wait = b.next_after_wait || after_wait;  // no launch: the next one is still the first
+    return;
+  }
   std::vector<Record> records;
   records.swap(b.records);
   // The records count as buffered until launch() has noted which storages they use: a
@@ -618,8 +632,10 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         note_join(b.records.front(), n, joined - n);
       } else {
         const GraphSpan ended{b.first_record_hash, n};
+        const bool first_after_wait = b.next_after_wait;
         flush_locked(b, s, Reason::CachedGraphEnd);
-        b.just_ended = JustEnded{ended, me, graph_task, host_ops_so_far()};
+        // The first launch after a wait stays short: the idle device gets it at once.
+        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, host_ops_so_far()};
       }
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
                (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
