@@ -23,6 +23,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <unordered_map>
@@ -103,27 +104,64 @@ bool tileable(const Record& r, int64_t& numel, StorageViews& views) {
   return true;
 }
 
-// One tile of one record: its device tensors narrowed to [start, start + length).
-void run_tile(const Record& r, const std::unordered_map<const c10::StorageImpl*, at::Tensor>& flat, int64_t start,
-              int64_t length) {
-  auto tile = [&](const at::Tensor& t) { return flat.at(t.storage().unsafeGetStorageImpl()).narrow(0, start, length); };
-  torch::jit::Stack stack;
-  stack.reserve(r.args.size() + r.outputs.size());
-  for (const auto& a : r.args) {
-    if (a.isTensor() && on_device(a.toTensor())) {
-      stack.emplace_back(tile(a.toTensor()));
-    } else {
-      stack.push_back(a);
+// The tiles one thread works on. Each storage of the run has one CPU tensor that is
+// pointed at the current tile (its offset and length change, nothing is allocated), and
+// each record a stack made once whose device tensors are those tile tensors: a tile
+// call copies its record's stack and runs the kernel, with no view op per call.
+class TileCursor {
+ public:
+  TileCursor(const std::vector<Record>& records, size_t begin, size_t end,
+             const std::unordered_map<const c10::StorageImpl*, at::Tensor>& flat) {
+    std::unordered_map<const c10::StorageImpl*, at::Tensor> tile_of;
+    for (const auto& [impl, host] : flat) {
+      auto tile = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(host.storage()),
+                                                           c10::DispatchKeySet(c10::DispatchKey::CPU), host.dtype());
+      tiles_.push_back({tile, host.storage_offset()});
+      tile_of.emplace(impl, std::move(tile));
+    }
+    auto tile = [&](const at::Tensor& t) { return tile_of.at(t.storage().unsafeGetStorageImpl()); };
+    stacks_.reserve(end - begin);
+    for (size_t i = begin; i < end; ++i) {
+      const Record& r = records[i];
+      torch::jit::Stack stack;
+      stack.reserve(r.args.size() + r.outputs.size());
+      for (const auto& a : r.args) {
+        if (a.isTensor() && on_device(a.toTensor())) {
+          stack.emplace_back(tile(a.toTensor()));
+        } else {
+          stack.push_back(a);
+        }
+      }
+      for (const auto& out : r.outputs) stack.emplace_back(tile(out));  // in place, or out=, on its tiles
+      stacks_.push_back(std::move(stack));
     }
   }
-  for (const auto& out : r.outputs) stack.emplace_back(tile(out));
-  const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
-  if (r.cls->out_twin.has_value()) {
-    r.cls->out_twin->redispatchBoxed(cpu, &stack);
-  } else {
-    r.op.redispatchBoxed(cpu, &stack);  // in place, or out=, on its tiles
+
+  // Points every tile tensor at [start, start + length) of its storage's elements.
+  void move_to(int64_t start, int64_t length) {
+    const std::array<int64_t, 1> sizes{length}, strides{1};
+    for (auto& t : tiles_) t.tile.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, t.base_offset + start);
   }
-}
+
+  // Runs the tile of the run's `k`-th record.
+  void run(const Record& r, size_t k) {
+    torch::jit::Stack stack = stacks_[k];
+    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
+    if (r.cls->out_twin.has_value()) {
+      r.cls->out_twin->redispatchBoxed(cpu, &stack);
+    } else {
+      r.op.redispatchBoxed(cpu, &stack);
+    }
+  }
+
+ private:
+  struct Tile {
+    at::Tensor tile;
+    int64_t base_offset;  // where the run's elements start in the storage
+  };
+  std::vector<Tile> tiles_;
+  std::vector<torch::jit::Stack> stacks_;
+};
 
 }  // namespace
 
@@ -158,13 +196,15 @@ void replay_tiled(const std::vector<Record>& records, size_t begin, size_t end, 
   const int64_t tiles = (numel + kTileElements - 1) / kTileElements;
   std::atomic<size_t> first_failed{end};
   auto run_tiles = [&](int64_t first, int64_t last) {
+    TileCursor cursor(records, begin, end, flat);
     for (int64_t k = first; k < last; ++k) {
       const int64_t start = k * kTileElements;
       const int64_t length = std::min(kTileElements, numel - start);
+      cursor.move_to(start, length);
       for (size_t i = begin; i < end; ++i) {
         const int64_t t0 = op_ns != nullptr ? trace::now_ns() : 0;
         try {
-          run_tile(records[i], flat, start, length);
+          cursor.run(records[i], i - begin);
         } catch (c10::Error& e) {
           size_t expected = end;
           first_failed.compare_exchange_strong(expected, i);
