@@ -286,16 +286,17 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 // Called with the buffer locked.
 void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   b.just_ended.reset();  // a flush (or a wait that asks for one) comes between two launches
-  const bool after_wait = std::exchange(b.next_after_wait, !policy_flush(reason));
+  const bool host_waits = !policy_flush(reason);
   if (b.joining.has_value()) {
     // A join that did not reach its length (a wait came first): that pair is not a rule.
     if (static_cast<int64_t>(b.records.size()) != b.follow_ops) b.successors.erase(*b.joining);
     b.joining.reset();
   }
   if (b.records.empty()) {
-    b.next_after_wait = b.next_after_wait || after_wait;  // no launch: the next one is still the first
+    if (host_waits) b.next_after_wait = true;
     return;
   }
+  b.next_after_wait = host_waits;
   std::vector<Record> records;
   records.swap(b.records);
   // The records count as buffered until launch() has noted which storages they use: a
