@@ -190,7 +190,7 @@ struct JustEnded {
   GraphSpan graph;
   std::thread::id owner;
   int graph_task = -1;
-  uint64_t host_ops = 0;  // ops run at once or inline so far (host_ops_so_far())
+  uint64_t ops_run_at_once = 0;  // g_ops_run_at_once then
 };
 
 // Successors that joined once stay joined; this many in a row are needed first.
@@ -226,10 +226,9 @@ bool policy_flush(Reason reason) {
          reason == Reason::BackwardStart || reason == Reason::ThreadSwitch || reason == Reason::Eager;
 }
 
-uint64_t host_ops_so_far() {
-  const auto& c = counters();
-  return c.ops_run_at_once.load(std::memory_order_relaxed) + c.inline_ops.load(std::memory_order_relaxed);
-}
+// Ops run at once since the process started (never reset, unlike counters()). An op run
+// inline flushes the buffers, which ends a join's pair by itself; one run at once does not.
+std::atomic<uint64_t> g_ops_run_at_once{0};
 
 // Every stream's buffer, made on its first recorded op. Buffers live as long as the
 // process (streams do), so a thread keeps a pointer to the one it used last.
@@ -324,7 +323,8 @@ void note_successor(Buffer& b) {
   const JustEnded ended = *b.just_ended;
   b.just_ended.reset();
   const bool backward_starts = b.graph_task != -1 && b.graph_task != ended.graph_task;
-  if (b.follow_ops == 0 || backward_starts || b.owner != ended.owner || host_ops_so_far() != ended.host_ops) return;
+  const bool ran_at_once_between = g_ops_run_at_once.load(std::memory_order_relaxed) != ended.ops_run_at_once;
+  if (b.follow_ops == 0 || backward_starts || b.owner != ended.owner || ran_at_once_between) return;
   if (b.successors.size() >= kMaxSuccessors) b.successors.clear();
   auto& successor = b.successors[ended.graph];
   const GraphSpan next{b.first_record_hash, b.follow_ops};
@@ -504,6 +504,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       g_buffered_records.load(std::memory_order_acquire) == 0 &&
       stream_idle(stream_state(current_stream(scan.device)))) {
     tl_run_at_once = true;
+    g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
     counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
@@ -636,7 +637,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         const bool first_after_wait = b.next_after_wait;
         flush_locked(b, s, Reason::CachedGraphEnd);
         // The first launch after a wait stays short: the idle device gets it at once.
-        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, host_ops_so_far()};
+        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, g_ops_run_at_once.load(std::memory_order_relaxed)};
       }
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
                (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
