@@ -42,18 +42,68 @@ def test_allocated_bytes_are_exact() -> None:
 def test_freed_blocks_stay_reserved_and_are_reused() -> None:
     torch.neuron.empty_cache()
     reserved0 = torch.neuron.memory_reserved()
-    x = torch.empty(256, 1024, device="neuron")  # 1 MiB
-    assert torch.neuron.memory_reserved() == reserved0 + MiB
+    x = torch.empty(8, MiB, device="neuron")  # 32 MiB: a segment of its own
+    assert torch.neuron.memory_reserved() == reserved0 + 32 * MiB
     ptr = x.data_ptr()
     del x
-    assert torch.neuron.memory_reserved() == reserved0 + MiB  # cached, not returned
-    y = torch.empty(256, 1024, device="neuron")
+    assert torch.neuron.memory_reserved() == reserved0 + 32 * MiB  # cached, not returned
+    y = torch.empty(8, MiB, device="neuron")
     assert y.data_ptr() == ptr  # same block reused
     segments = torch.neuron.memory_stats()["segment.all.current"]
     del y
     torch.neuron.empty_cache()
-    assert torch.neuron.memory_reserved() == torch.neuron.memory_allocated()
-    assert torch.neuron.memory_stats()["segment.all.current"] < segments
+    assert torch.neuron.memory_reserved() == reserved0
+    assert torch.neuron.memory_stats()["segment.all.current"] == segments - 1
+
+
+def test_a_tensor_that_grows_every_step_reuses_what_its_predecessors_freed() -> None:
+    """A KV cache grows by one row a decode step: 1000 distinct sizes here. Freed blocks
+    merge with their free neighbours and are split for the next request, so the memory
+    stays that of two caches; an allocator that only reuses blocks of the same size would
+    hold every size ever asked for (128 MiB)."""
+    torch.neuron.empty_cache()
+    reserved0 = torch.neuron.memory_reserved()
+    cache = torch.empty(0, 64, device="neuron")
+    row = torch.ones(1, 64, device="neuron")
+    for _ in range(1000):
+        cache = torch.cat([cache, row])
+    assert torch.neuron.memory_reserved() - reserved0 <= 8 * MiB
+    assert torch.equal(cache.cpu(), torch.ones(1000, 64))
+
+
+def test_blocks_are_split_from_segments_and_merge_when_freed() -> None:
+    # A fresh process: the layout of the segments is then known.
+    result = run_python(
+        """
+        import torch
+        KiB, MiB = 2**10, 2**20
+        def layout():
+            (seg,) = [s for s in torch.neuron.memory._snapshot()["segments"] if s["device"] == 0]
+            return seg["total_size"], seg["segment_type"], [(b["size"] // KiB, b["state"][0]) for b in seg["blocks"]]
+        a, b, c = (torch.empty(64 * KiB, dtype=torch.uint8, device="neuron") for _ in range(3))
+        print(layout(), b.data_ptr() - a.data_ptr(), c.data_ptr() - b.data_ptr())
+        stats = torch.neuron.memory_stats()
+        print(stats["inactive_split.all.current"], stats["inactive_split_bytes.all.current"] // KiB)
+        del a, b
+        print(layout())
+        d = torch.empty(128 * KiB, dtype=torch.uint8, device="neuron")  # the two freed blocks, merged
+        print(layout(), d.data_ptr() == c.data_ptr() - 128 * KiB)
+        del c, d
+        print(layout(), torch.neuron.memory_stats()["inactive_split.all.current"])
+        torch.neuron.empty_cache()
+        print(torch.neuron.memory_reserved(), torch.neuron.memory_stats()["num_device_free"])
+        """,
+        env={"NEURON_LAB_MODE": "blocking"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"({2 * MiB}, 'small', [(64, 'a'), (64, 'a'), (64, 'a'), (1856, 'i')]) {64 * 1024} {64 * 1024}",
+        "1 1856",
+        f"({2 * MiB}, 'small', [(128, 'i'), (64, 'a'), (1856, 'i')])",
+        f"({2 * MiB}, 'small', [(128, 'a'), (64, 'a'), (1856, 'i')]) True",
+        f"({2 * MiB}, 'small', [(2048, 'i')]) 0",
+        "0 1",
+    ]
 
 
 def test_peak_statistics_and_reset() -> None:
@@ -83,8 +133,8 @@ def test_mem_get_info_and_summary() -> None:
     free, total = torch.neuron.mem_get_info()
     assert total == 16 * 2**30
     assert free == total - torch.neuron.memory_reserved()
-    x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
-    assert torch.neuron.mem_get_info()[0] == free - MiB
+    x = torch.empty(32 * MiB, dtype=torch.uint8, device="neuron")  # a segment of its own
+    assert torch.neuron.mem_get_info()[0] == free - 32 * MiB
     summary = torch.neuron.memory_summary()
     assert "neuron:0 memory summary" in summary and "Allocated memory" in summary
     del x
@@ -124,7 +174,7 @@ def test_small_core_releases_cache_before_oom() -> None:
         y = torch.empty(50 * MiB, dtype=torch.uint8, device="neuron")  # fits only after a flush
         stats = torch.neuron.memory_stats()
         print(stats["num_alloc_retries"], torch.neuron.memory_reserved() // MiB)
-        keep = torch.ones(MiB, device="neuron")
+        keep = torch.ones(MiB, device="neuron")  # its usual 20 MiB segment does not fit: 4 MiB does
         try:
             torch.empty(30 * MiB, dtype=torch.uint8, device="neuron")
         except torch.OutOfMemoryError as e:

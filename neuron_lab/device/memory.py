@@ -4,11 +4,12 @@ The native caching allocator keeps CUDA's statistics field for field, so these
 functions read ``torch.accelerator.memory`` and add what CUDA users expect on top
 (``memory_summary``, ``mem_get_info``, the ``*_cached`` aliases).
 
-Accounting rules: a request is rounded up to 512 bytes; ``memory_allocated`` is the
-sum of rounded live requests; ``memory_reserved`` adds the freed blocks the allocator
-keeps cached for reuse; ``empty_cache()`` returns cached blocks; a request that does
-not fit in the core's capacity (``NEURON_LAB_CORE_MEMORY``) first releases the cache,
-then raises ``torch.OutOfMemoryError``.
+Accounting rules (CUDA's): a request is rounded up to 512 bytes; ``memory_allocated``
+is the sum of rounded live requests; ``memory_reserved`` is the segments the allocator
+holds (2 MiB for requests up to 1 MiB, 20 MiB up to 10 MiB, the request rounded up to
+2 MiB above), which blocks are split from and merge back into; ``empty_cache()`` returns
+the segments no tensor uses; a request that does not fit in the core's capacity
+(``NEURON_LAB_CORE_MEMORY``) first releases those, then raises ``torch.OutOfMemoryError``.
 """
 
 from __future__ import annotations

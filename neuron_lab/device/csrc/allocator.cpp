@@ -1,12 +1,18 @@
 // The caching allocator of the emulated NeuronCores.
 //
-// Device memory is host memory, but it is accounted per core as on real HBM:
-// every core has a fixed capacity; a request is rounded up to 512 bytes; freed
-// blocks stay cached (reserved) and are reused by requests of the same rounded
-// size; when a request does not fit, the cache of that core is released and the
-// request retried before torch.OutOfMemoryError is raised. Statistics follow
-// CUDA's caching allocator field for field, so torch.accelerator.memory.* and
-// torch.neuron.memory_stats() read them unchanged.
+// Device memory is host memory, but it is accounted per core as on real HBM, and
+// managed as CUDA's caching allocator manages it: every core has a fixed capacity;
+// a request is rounded up to 512 bytes and served from a segment (2 MiB for
+// requests up to 1 MiB, 20 MiB up to 10 MiB, the request rounded up to 2 MiB
+// above). A segment is split into blocks; the smallest free block that fits is
+// taken (best fit) and split when enough remains; a freed block merges with its
+// free neighbours, so a tensor that grows a little every step (a KV cache) reuses
+// the memory its predecessors freed instead of touching new pages. Free blocks
+// stay cached (reserved); whole free segments go back to the host on
+// empty_cache() or when a request does not fit, which is retried once before
+// torch.OutOfMemoryError is raised. Statistics follow CUDA's caching allocator
+// field for field, so torch.accelerator.memory.* and torch.neuron.memory_stats()
+// read them unchanged.
 #include "runtime.h"
 
 #include <c10/core/CPUAllocator.h>
@@ -18,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
@@ -30,25 +37,70 @@ using c10::CachingAllocator::StatType;
 using c10::CachingDeviceAllocator::DeviceStats;
 
 constexpr size_t kGranularity = 512;
-constexpr size_t kSmallBlock = size_t(1) << 20;  // <= 1 MiB counts in the small pool
+constexpr size_t kSmallBlock = size_t(1) << 20;     // requests up to 1 MiB use the small pool
+constexpr size_t kSmallSegment = size_t(2) << 20;   // segment of the small pool
+constexpr size_t kMediumRequest = size_t(10) << 20;  // large requests below this share a segment
+constexpr size_t kMediumSegment = size_t(20) << 20;  // of this size
+constexpr size_t kLargeRounding = size_t(2) << 20;   // larger ones get their own, rounded to this
 constexpr size_t kAlignment = 64;
 
+struct Block;
+
+struct Segment {
+  void* ptr;
+  size_t size;
+  bool small;  // which pool its blocks belong to
+  c10::StreamId stream;
+  Block* first = nullptr;  // the block at ptr
+};
+
+// A piece of a segment, allocated to a tensor or free. The blocks of a segment form
+// a list in address order; a free block never has a free neighbour (they merge).
 struct Block {
   void* ptr;
-  size_t size;       // rounded bytes
-  size_t requested;  // bytes asked for
+  size_t size;            // bytes, a multiple of 512
+  size_t requested = 0;   // bytes asked for (allocated blocks)
   c10::DeviceIndex device;
+  Segment* segment;
+  bool allocated = false;
   c10::StreamId stream = 0;  // stream current when it was allocated
   Frames frames;             // where it was allocated (memory history only)
+  Block* prev = nullptr;
+  Block* next = nullptr;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
 };
+
+// Free blocks, smallest first, then by address: lower_bound finds the best fit.
+struct BySizeThenAddress {
+  bool operator()(const Block* a, const Block* b) const {
+    return a->size != b->size ? a->size < b->size : std::less<void*>()(a->ptr, b->ptr);
+  }
+};
+using FreeBlocks = std::set<Block*, BySizeThenAddress>;
 
 struct Core {
   std::mutex mutex;
   DeviceStats stats;
-  std::multimap<size_t, Block*> cached;  // free blocks by size
-  std::unordered_set<Block*> active;     // blocks held by tensors
-  std::deque<TraceEntry> trace;          // memory history (when recording)
+  FreeBlocks free_small, free_large;
+  std::map<void*, Segment*> segments;  // by address, for snapshots
+  std::deque<TraceEntry> trace;        // memory history (when recording)
+
+  FreeBlocks& free_blocks(bool small) { return small ? free_small : free_large; }
 };
+
+size_t segment_size(size_t size) {
+  if (size <= kSmallBlock) return kSmallSegment;
+  if (size < kMediumRequest) return kMediumSegment;
+  return (size + kLargeRounding - 1) / kLargeRounding * kLargeRounding;
+}
+
+// CUDA's rule: a small block is split if at least 512 bytes remain, a large one
+// only if more than 1 MiB does (smaller remainders stay with the block).
+bool worth_splitting(const Block* block, size_t size) {
+  const size_t remaining = block->size - size;
+  return block->segment->small ? remaining >= kGranularity : remaining > kSmallBlock;
+}
 
 // Memory-history settings, read on every allocation (relaxed atomics).
 std::atomic<bool> g_history{false};
@@ -69,13 +121,14 @@ Frames capture_stack() {
 }
 
 // Called with core.mutex held.
-void log(Core& core, const char* action, const Block* block, int64_t size, Frames frames = nullptr) {
+void log(Core& core, const char* action, const void* addr, int64_t size, c10::StreamId stream,
+         Frames frames = nullptr) {
   if (!g_trace.load()) return;
   TraceEntry e;
   e.action = action;
-  e.addr = block ? reinterpret_cast<int64_t>(block->ptr) : 0;
+  e.addr = reinterpret_cast<int64_t>(addr);
   e.size = size;
-  e.stream = block ? block->stream : 0;
+  e.stream = stream;
   e.time_us = now_us();
   e.frames = std::move(frames);
   if (std::string_view(action) == "oom") e.device_free = core_capacity() - core.stats.reserved_bytes[0].current;
@@ -202,116 +255,186 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     return cores_[device];
   }
 
-  static size_t pool(size_t size) {
-    return static_cast<size_t>(size <= kSmallBlock ? StatType::SMALL_POOL : StatType::LARGE_POOL);
+  static size_t pool(bool small) {
+    return static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL);
   }
 
   template <typename F>
-  static void for_stat(c10::CachingAllocator::StatArray& arr, size_t size, F f) {
+  static void for_stat(c10::CachingAllocator::StatArray& arr, bool small, F f) {
     f(arr[static_cast<size_t>(StatType::AGGREGATE)]);
-    f(arr[pool(size)]);
+    f(arr[pool(small)]);
+  }
+
+  // A free block that is a piece of a segment counts as an inactive split (CUDA's stat).
+  static void count_inactive_split(Core& core, const Block* block, int sign) {
+    if (!block->is_split()) return;
+    const bool small = block->segment->small;
+    const auto bytes = static_cast<int64_t>(block->size);
+    for_stat(core.stats.inactive_split, small, [&](auto& st) { sign > 0 ? st.increase(1) : st.decrease(1); });
+    for_stat(core.stats.inactive_split_bytes, small,
+             [&](auto& st) { sign > 0 ? st.increase(bytes) : st.decrease(bytes); });
   }
 
   Block* acquire(c10::DeviceIndex device, size_t nbytes) {
     auto& core = core_for(device);
     const size_t size = rounded_size(nbytes);
+    const bool small = size <= kSmallBlock;
     // Before the lock: capturing a Python stack takes the GIL.
     Frames frames = capture_stack();
     const c10::StreamId stream = current_stream(device).id();
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
 
-    Block* block = nullptr;
-    auto it = core.cached.find(size);
-    if (it != core.cached.end()) {
-      block = it->second;
-      core.cached.erase(it);
-    } else {
-      block = new_segment(core, device, size, nbytes, stream, frames);
+    Block* block = take_free_block(core, small, size);
+    if (block == nullptr) block = new_segment(core, device, size, small, nbytes, stream, frames);
+    if (worth_splitting(block, size)) {
+      auto* rest = new Block{static_cast<char*>(block->ptr) + size, block->size - size, 0, device, block->segment};
+      rest->prev = block;
+      rest->next = block->next;
+      if (block->next != nullptr) block->next->prev = rest;
+      block->next = rest;
+      block->size = size;
+      core.free_blocks(small).insert(rest);
+      count_inactive_split(core, rest, +1);
     }
+    block->allocated = true;
     block->requested = nbytes;
     block->stream = stream;
     block->frames = frames;
-    core.active.insert(block);
-    log(core, "alloc", block, static_cast<int64_t>(size), std::move(frames));
-    for_stat(s.allocation, size, [](auto& st) { st.increase(1); });
-    for_stat(s.active, size, [](auto& st) { st.increase(1); });
-    for_stat(s.allocated_bytes, size, [&](auto& st) { st.increase(size); });
-    for_stat(s.active_bytes, size, [&](auto& st) { st.increase(size); });
-    for_stat(s.requested_bytes, size, [&](auto& st) { st.increase(nbytes); });
+    log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
+    const auto bytes = static_cast<int64_t>(block->size);
+    for_stat(s.allocation, small, [](auto& st) { st.increase(1); });
+    for_stat(s.active, small, [](auto& st) { st.increase(1); });
+    for_stat(s.allocated_bytes, small, [&](auto& st) { st.increase(bytes); });
+    for_stat(s.active_bytes, small, [&](auto& st) { st.increase(bytes); });
+    for_stat(s.requested_bytes, small, [&](auto& st) { st.increase(nbytes); });
     trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
     return block;
   }
 
-  Block* new_segment(Core& core, c10::DeviceIndex device, size_t size, size_t nbytes, c10::StreamId stream,
-                     const Frames& frames) {
+  // The smallest free block of the pool that holds `size` bytes, taken out of the pool.
+  static Block* take_free_block(Core& core, bool small, size_t size) {
+    auto& free = core.free_blocks(small);
+    Block key{nullptr, size, 0, 0, nullptr};
+    auto it = free.lower_bound(&key);
+    if (it == free.end()) return nullptr;
+    Block* block = *it;
+    free.erase(it);
+    count_inactive_split(core, block, -1);
+    return block;
+  }
+
+  Block* new_segment(Core& core, c10::DeviceIndex device, size_t size, bool small, size_t nbytes,
+                     c10::StreamId stream, const Frames& frames) {
     auto& s = core.stats;
     const int64_t capacity = core_capacity();
-    if (s.reserved_bytes[0].current + static_cast<int64_t>(size) > capacity && !core.cached.empty()) {
-      s.num_alloc_retries += 1;
-      release_cached(core);
-    }
-    void* ptr = nullptr;
-    const bool fits = s.reserved_bytes[0].current + static_cast<int64_t>(size) <= capacity;
-    if (fits) ptr = std::aligned_alloc(kAlignment, size);
+    const auto fits = [&](size_t bytes) {
+      return s.reserved_bytes[0].current + static_cast<int64_t>(bytes) <= capacity;
+    };
+    size_t bytes = segment_size(size);
+    if (!fits(bytes) && release_cached(core) > 0) s.num_alloc_retries += 1;
+    if (!fits(bytes)) bytes = size;  // a segment just as large as the request may still fit
+    void* ptr = fits(bytes) ? std::aligned_alloc(kAlignment, bytes) : nullptr;
     if (ptr == nullptr) {
       s.num_ooms += 1;
-      log(core, "oom", nullptr, static_cast<int64_t>(size), frames);
+      log(core, "oom", nullptr, static_cast<int64_t>(size), stream, frames);
       const int64_t allocated = s.allocated_bytes[0].current;
       const int64_t reserved = s.reserved_bytes[0].current;
       c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(size), allocated, reserved,
                                        c10::Device(kNeuron, device));
+      const bool host_ran_out = fits(bytes);
       TORCH_CHECK_WITH(
           OutOfMemoryError, false, "neuron:", int(device),
-          fits ? " could not get host memory: " : " out of memory: ", "tried to allocate ",
+          host_ran_out ? " could not get host memory: " : " out of memory: ", "tried to allocate ",
           format_bytes(static_cast<int64_t>(nbytes)), "; ", format_bytes(reserved), " of ",
           format_bytes(capacity), " in use on this NeuronCore (", format_bytes(allocated),
           " allocated by tensors, ", format_bytes(reserved - allocated),
           " cached by the allocator). ",
-          fits ? "The host machine itself ran out of memory; free memory on the host."
-               : "Free tensors you no longer need (del them), call torch.neuron.empty_cache(), "
-                 "use a smaller batch, or give each core more memory with "
-                 "NEURON_LAB_CORE_MEMORY=<size> (e.g. 32GiB) before importing torch.");
+          host_ran_out ? "The host machine itself ran out of memory; free memory on the host."
+                       : "Free tensors you no longer need (del them), call torch.neuron.empty_cache(), "
+                         "use a smaller batch, or give each core more memory with "
+                         "NEURON_LAB_CORE_MEMORY=<size> (e.g. 32GiB) before importing torch.");
     }
     s.num_device_alloc += 1;
-    for_stat(s.segment, size, [](auto& st) { st.increase(1); });
-    for_stat(s.reserved_bytes, size, [&](auto& st) { st.increase(size); });
-    auto* block = new Block{ptr, size, nbytes, device, stream, frames};
-    log(core, "segment_alloc", block, static_cast<int64_t>(size), frames);
-    return block;
+    for_stat(s.segment, small, [](auto& st) { st.increase(1); });
+    for_stat(s.reserved_bytes, small, [&](auto& st) { st.increase(static_cast<int64_t>(bytes)); });
+    auto* segment = new Segment{ptr, bytes, small, stream};
+    segment->first = new Block{ptr, bytes, 0, device, segment};
+    core.segments.emplace(ptr, segment);
+    log(core, "segment_alloc", ptr, static_cast<int64_t>(bytes), stream, frames);
+    return segment->first;
   }
 
-  // Called with core.mutex held.
-  static void release_cached(Core& core) {
+  // Returns the segments no tensor uses to the host; called with core.mutex held.
+  static size_t release_cached(Core& core) {
     auto& s = core.stats;
-    for (auto& [size, block] : core.cached) {
-      log(core, "segment_free", block, static_cast<int64_t>(size));
-      std::free(block->ptr);
+    size_t released = 0;
+    for (auto it = core.segments.begin(); it != core.segments.end();) {
+      Segment* segment = it->second;
+      Block* whole = segment->first;
+      if (whole->allocated || whole->next != nullptr) {  // a tensor uses part of it
+        ++it;
+        continue;
+      }
+      const bool small = segment->small;
+      core.free_blocks(small).erase(whole);
+      delete whole;
+      log(core, "segment_free", segment->ptr, static_cast<int64_t>(segment->size), segment->stream);
+      std::free(segment->ptr);
       s.num_device_free += 1;
-      for_stat(s.segment, size, [](auto& st) { st.decrease(1); });
-      for_stat(s.reserved_bytes, size, [&](auto& st) { st.decrease(size); });
-      delete block;
+      for_stat(s.segment, small, [](auto& st) { st.decrease(1); });
+      for_stat(s.reserved_bytes, small, [&](auto& st) { st.decrease(static_cast<int64_t>(segment->size)); });
+      delete segment;
+      it = core.segments.erase(it);
+      ++released;
     }
-    core.cached.clear();
+    return released;
   }
 
   void release(Block* block) {
     auto& core = cores_[block->device];
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
-    const size_t size = block->size;
-    for_stat(s.allocation, size, [](auto& st) { st.decrease(1); });
-    for_stat(s.active, size, [](auto& st) { st.decrease(1); });
-    for_stat(s.allocated_bytes, size, [&](auto& st) { st.decrease(size); });
-    for_stat(s.active_bytes, size, [&](auto& st) { st.decrease(size); });
-    for_stat(s.requested_bytes, size, [&](auto& st) { st.decrease(block->requested); });
-    core.active.erase(block);
+    const bool small = block->segment->small;
+    const auto bytes = static_cast<int64_t>(block->size);
+    for_stat(s.allocation, small, [](auto& st) { st.decrease(1); });
+    for_stat(s.active, small, [](auto& st) { st.decrease(1); });
+    for_stat(s.allocated_bytes, small, [&](auto& st) { st.decrease(bytes); });
+    for_stat(s.active_bytes, small, [&](auto& st) { st.decrease(bytes); });
+    for_stat(s.requested_bytes, small, [&](auto& st) { st.decrease(block->requested); });
     // Launches complete when issued, so a freed block is reusable at once.
-    log(core, "free_requested", block, static_cast<int64_t>(size));
-    log(core, "free_completed", block, static_cast<int64_t>(size));
+    log(core, "free_requested", block->ptr, bytes, block->stream);
+    log(core, "free_completed", block->ptr, bytes, block->stream);
+    block->allocated = false;
+    block->requested = 0;
     block->frames = nullptr;
-    core.cached.emplace(size, block);
+    merge_with_free_neighbours(core, block);
+    count_inactive_split(core, block, +1);
+    core.free_blocks(small).insert(block);
     trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+  }
+
+  // Absorbs the free blocks before and after `block` (freed just now) into it.
+  static void merge_with_free_neighbours(Core& core, Block* block) {
+    auto& free = core.free_blocks(block->segment->small);
+    if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
+      count_inactive_split(core, prev, -1);
+      free.erase(prev);
+      block->ptr = prev->ptr;
+      block->size += prev->size;
+      block->prev = prev->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+      if (block->segment->first == prev) block->segment->first = block;
+      delete prev;
+    }
+    if (Block* next = block->next; next != nullptr && !next->allocated) {
+      count_inactive_split(core, next, -1);
+      free.erase(next);
+      block->size += next->size;
+      block->next = next->next;
+      if (block->next != nullptr) block->next->prev = block;
+      delete next;
+    }
   }
 
  public:
@@ -322,17 +445,22 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       auto& core = cores_[d];
       std::lock_guard<std::mutex> lock(core.mutex);
-      auto add = [&](const Block* b, bool active) {
-        const auto size = static_cast<int64_t>(b->size);
-        SegmentSnapshot seg{d, reinterpret_cast<int64_t>(b->ptr), size, active ? size : 0, active ? size : 0,
-                            active ? static_cast<int64_t>(b->requested) : 0, b->stream,
-                            b->size <= kSmallBlock ? "small" : "large", {}};
-        seg.blocks.push_back({seg.address, size, seg.requested_size, active ? "active_allocated" : "inactive",
-                              active ? b->frames : nullptr});
+      for (const auto& [address, segment] : core.segments) {
+        SegmentSnapshot seg{d, reinterpret_cast<int64_t>(address), static_cast<int64_t>(segment->size), 0, 0, 0,
+                            segment->stream, segment->small ? "small" : "large", {}};
+        for (const Block* b = segment->first; b != nullptr; b = b->next) {
+          const auto size = static_cast<int64_t>(b->size);
+          const auto requested = static_cast<int64_t>(b->requested);
+          if (b->allocated) {
+            seg.allocated_size += size;
+            seg.active_size += size;
+            seg.requested_size += requested;
+          }
+          seg.blocks.push_back({reinterpret_cast<int64_t>(b->ptr), size, requested,
+                                b->allocated ? "active_allocated" : "inactive", b->allocated ? b->frames : nullptr});
+        }
         snap.segments.push_back(std::move(seg));
-      };
-      for (const Block* b : core.active) add(b, true);
-      for (const auto& [size, b] : core.cached) add(b, false);
+      }
       snap.device_traces.emplace_back(core.trace.begin(), core.trace.end());
     }
     return snap;
