@@ -16,7 +16,15 @@
 // for every such k, every call boundary of the whole-tensor run is a multiple of 256 and
 // its only tail is the last n % 256-aligned stretch of the tensor; tiles that start at
 // multiples of 256 and whose last one ends at n give every element the same path.
-// Tile calls run inside a parallel region over tiles, so they never split themselves.
+// Tiles run in order on one thread, and each tile call on one thread
+// (SingleThreadedKernels), so a call never splits itself. (Tiles do not run in
+// parallel: built with OpenMP, two threads running tiles at once gave results that
+// differed from eager mode's, the same two threads taking turns under a lock did not,
+// so the tile calls share some state; see the notes of issue 16. And ATen's
+// parallel_for compiled into this extension, which builds without OpenMP, runs inline
+// without making ATen's kernels see a parallel region: at 2 threads every tile call
+// forked and joined OpenMP's team, 400 times a replay of the 1M chain, 25 ms a step
+// against 15 ms now.)
 #include "adaptive_eager.h"
 
 #include <ATen/Parallel.h>
@@ -24,7 +32,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <unordered_map>
 
@@ -194,40 +201,26 @@ void replay_tiled(const std::vector<Record>& records, size_t begin, size_t end, 
     });
   }
   const int64_t tiles = (numel + kTileElements - 1) / kTileElements;
-  std::atomic<size_t> first_failed{end};
-  auto run_tiles = [&](int64_t first, int64_t last) {
+  size_t current = end;  // the record whose tile call is running
+  try {
+    SingleThreadedKernels one_thread;
     TileCursor cursor(records, begin, end, flat);
-    for (int64_t k = first; k < last; ++k) {
+    for (int64_t k = 0; k < tiles; ++k) {
       const int64_t start = k * kTileElements;
-      const int64_t length = std::min(kTileElements, numel - start);
-      cursor.move_to(start, length);
-      for (size_t i = begin; i < end; ++i) {
+      cursor.move_to(start, std::min(kTileElements, numel - start));
+      for (current = begin; current < end; ++current) {
         const int64_t t0 = op_ns != nullptr ? trace::now_ns() : 0;
-        try {
-          cursor.run(records[i], i - begin);
-        } catch (c10::Error& e) {
-          size_t expected = end;
-          first_failed.compare_exchange_strong(expected, i);
-          e.add_context(context(records[i]));
-          throw;
-        } catch (const std::exception& e) {
-          size_t expected = end;
-          first_failed.compare_exchange_strong(expected, i);
-          TORCH_CHECK(false, e.what(), "\n", context(records[i]));
-        }
-        if (op_ns != nullptr) (*op_ns)[i - begin] += trace::now_ns() - t0;  // (profiling: one thread)
+        cursor.run(records[current], current - begin);
+        if (op_ns != nullptr) (*op_ns)[current - begin] += trace::now_ns() - t0;
       }
     }
-  };
-  try {
-    if (op_ns != nullptr) {
-      c10::ParallelGuard in_parallel_region(true);  // one thread: per-op times stay exact
-      run_tiles(0, tiles);
-    } else {
-      at::parallel_for(0, tiles, 1, run_tiles);
-    }
-  } catch (...) {
-    failed = first_failed.load();
+  } catch (c10::Error& e) {
+    failed = current;
+    if (current < end) e.add_context(context(records[current]));
+    throw;
+  } catch (const std::exception& e) {
+    failed = current;
+    if (current < end) TORCH_CHECK(false, e.what(), "\n", context(records[current]));
     throw;
   }
   counters().tiled_runs.fetch_add(1);

@@ -85,6 +85,20 @@ struct Work {
   std::shared_ptr<struct TorchProfilerContext> torch_profiler;  // captured by enqueue
   int intra_op_threads = 0;  // the enqueuing thread's torch.get_num_threads(): kernels use as many
 };
+// While alive, kernels called on this thread use one thread: ATen's and MKL's
+// parallel loops inside them run inline. Sets OpenMP's and MKL's counts of this
+// thread only (at::set_num_threads would also set the count that threads started
+// later inherit) and restores them.
+class SingleThreadedKernels {
+ public:
+  SingleThreadedKernels();
+  ~SingleThreadedKernels();
+  SingleThreadedKernels(const SingleThreadedKernels&) = delete;
+  SingleThreadedKernels& operator=(const SingleThreadedKernels&) = delete;
+
+ private:
+  int previous_;
+};
 // True while torch.profiler records on the calling thread: launches then show up
 // in its trace as user-annotated ranges on the device threads.
 bool torch_profiler_active();
