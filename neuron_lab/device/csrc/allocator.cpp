@@ -28,7 +28,6 @@
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace neuron {
 namespace {

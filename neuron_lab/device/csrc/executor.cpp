@@ -271,21 +271,16 @@ bool on_device_thread() { return tl_on_device_thread; }
 extern "C" void omp_set_num_threads(int) __attribute__((weak));
 extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // C ABI (the lower-case one is Fortran's)
 
-namespace {
-void set_this_threads_kernel_threads(int threads) {
-  if (omp_set_num_threads != nullptr) omp_set_num_threads(threads);
-  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(threads);
-}
-}  // namespace
-
 // (at::get_num_threads first runs PyTorch's per-thread initialization, which would
 // otherwise undo this at the thread's first parallel loop.)
 SingleThreadedKernels::SingleThreadedKernels() : previous_(at::get_num_threads()) {
-  if (previous_ != 1) set_this_threads_kernel_threads(1);
+  if (previous_ != 1 && omp_set_num_threads != nullptr) omp_set_num_threads(1);
+  if (MKL_Set_Num_Threads_Local != nullptr) previous_mkl_ = MKL_Set_Num_Threads_Local(1);
 }
 
 SingleThreadedKernels::~SingleThreadedKernels() {
-  if (previous_ != 1) set_this_threads_kernel_threads(previous_);
+  if (previous_ != 1 && omp_set_num_threads != nullptr) omp_set_num_threads(previous_);
+  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(previous_mkl_);  // 0: MKL's global count
 }
 
 c10::Stream default_stream(c10::DeviceIndex index) {

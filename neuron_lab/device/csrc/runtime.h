@@ -97,7 +97,8 @@ class SingleThreadedKernels {
   SingleThreadedKernels& operator=(const SingleThreadedKernels&) = delete;
 
  private:
-  int previous_;
+  int previous_;          // OpenMP's
+  int previous_mkl_ = 0;  // MKL's
 };
 // True while torch.profiler records on the calling thread: launches then show up
 // in its trace as user-annotated ranges on the device threads.
