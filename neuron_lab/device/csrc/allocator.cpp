@@ -264,14 +264,27 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     f(arr[pool(small)]);
   }
 
+  // Adds (sign > 0) or takes `amount` from a statistic of the block's pool and the aggregate.
+  static void count(c10::CachingAllocator::StatArray& arr, const Block* block, int64_t amount, int sign) {
+    for_stat(arr, block->segment->small, [&](auto& st) { sign > 0 ? st.increase(amount) : st.decrease(amount); });
+  }
+
+  // A block given to a tensor counts as an allocation, active, and its bytes.
+  static void count_allocated(Core& core, const Block* block, int sign) {
+    auto& s = core.stats;
+    const auto bytes = static_cast<int64_t>(block->size);
+    count(s.allocation, block, 1, sign);
+    count(s.active, block, 1, sign);
+    count(s.allocated_bytes, block, bytes, sign);
+    count(s.active_bytes, block, bytes, sign);
+    count(s.requested_bytes, block, static_cast<int64_t>(block->requested), sign);
+  }
+
   // A free block that is a piece of a segment counts as an inactive split (CUDA's stat).
   static void count_inactive_split(Core& core, const Block* block, int sign) {
     if (!block->is_split()) return;
-    const bool small = block->segment->small;
-    const auto bytes = static_cast<int64_t>(block->size);
-    for_stat(core.stats.inactive_split, small, [&](auto& st) { sign > 0 ? st.increase(1) : st.decrease(1); });
-    for_stat(core.stats.inactive_split_bytes, small,
-             [&](auto& st) { sign > 0 ? st.increase(bytes) : st.decrease(bytes); });
+    count(core.stats.inactive_split, block, 1, sign);
+    count(core.stats.inactive_split_bytes, block, static_cast<int64_t>(block->size), sign);
   }
 
   Block* acquire(c10::DeviceIndex device, size_t nbytes) {
@@ -301,12 +314,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->stream = stream;
     block->frames = frames;
     log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
-    const auto bytes = static_cast<int64_t>(block->size);
-    for_stat(s.allocation, small, [](auto& st) { st.increase(1); });
-    for_stat(s.active, small, [](auto& st) { st.increase(1); });
-    for_stat(s.allocated_bytes, small, [&](auto& st) { st.increase(bytes); });
-    for_stat(s.active_bytes, small, [&](auto& st) { st.increase(bytes); });
-    for_stat(s.requested_bytes, small, [&](auto& st) { st.increase(nbytes); });
+    count_allocated(core, block, +1);
     trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
     return block;
   }
@@ -396,11 +404,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     auto& s = core.stats;
     const bool small = block->segment->small;
     const auto bytes = static_cast<int64_t>(block->size);
-    for_stat(s.allocation, small, [](auto& st) { st.decrease(1); });
-    for_stat(s.active, small, [](auto& st) { st.decrease(1); });
-    for_stat(s.allocated_bytes, small, [&](auto& st) { st.decrease(bytes); });
-    for_stat(s.active_bytes, small, [&](auto& st) { st.decrease(bytes); });
-    for_stat(s.requested_bytes, small, [&](auto& st) { st.decrease(block->requested); });
+    count_allocated(core, block, -1);
     // Launches complete when issued, so a freed block is reusable at once.
     log(core, "free_requested", block->ptr, bytes, block->stream);
     log(core, "free_completed", block->ptr, bytes, block->stream);
