@@ -1062,6 +1062,32 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
     assert ae.counters()["ops_run_at_once"] == before  # recorded and fused again
 
 
+def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
+    """A notebook cell running generate() twice: the second call meets, at a few lengths, the
+    graphs its first call's probes built. Those few hits must not make every other length record
+    a graph again (the old policy built a graph per step for the whole second call)."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(8, 8, device="neuron")
+
+    def one_pass() -> None:
+        for n in range(1, 151):
+            x = torch.randn(n, 8, device="neuron")
+            y = torch.tanh(x @ w) * 2 + 1
+            assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)  # bit for bit
+            y.sum().item()
+
+    one_pass()
+    first = ae.counters()
+    one_pass()
+    second = ae.counters()
+    assert second["graphs_unrepeated"]
+    assert second["cache_hits"] > 0  # it did meet the first pass's graphs
+    built = second["graphs_built"] - first["graphs_built"]
+    assert built < 100, f"the second pass built {built} graphs for 150 steps"
+    assert second["ops_run_at_once"] - first["ops_run_at_once"] > 150
+
+
 # ---- tiled replay -------------------------------------------------------------------------
 
 

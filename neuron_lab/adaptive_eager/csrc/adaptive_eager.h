@@ -70,14 +70,18 @@ struct Policy {
 Policy& policy();
 
 // Whether the graphs the runtime builds repeat. It watches the last kWindow graph
-// launches; when none of them was a cache hit, nothing repeats and ops run at once
+// launches; when at most kMaxHitsUnrepeated of them were cache hits, graphs do not
+// repeat (building them costs more than fusing saves) and ops run at once
 // (Policy::run_unrepeated_at_once). Every kProbeEvery host waits it records the next
-// stretch of ops again (a probe, starting at a natural boundary): a probe that hits a
-// cached graph means the program repeats again, and recording resumes.
+// stretch of ops again (a probe: from one host wait to the next, a natural boundary).
+// When kRepeatingProbes stretches in a row launch only cached graphs, the program
+// repeats again and recording resumes; a probe ends at its first miss.
 class RepeatTracker {
  public:
   static constexpr int kWindow = 32;
   static constexpr int kProbeEvery = 16;
+  static constexpr int kRepeatingProbes = 2;
+  static constexpr int kMaxHitsUnrepeated = kWindow / 8;
   // A graph launch: whether its graph came from the cache.
   void note_graph_launch(bool hit);
   // The host waited for the device (a natural boundary for a probe).
@@ -92,6 +96,10 @@ class RepeatTracker {
   uint64_t window_ = 0;  // hit bits of the last launches, newest lowest
   int seen_ = 0;         // launches in the window (up to kWindow)
   int waits_ = 0;        // host waits since the last probe
+  int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
+  bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
+  void end_probe_locked();
+  void set_unrepeated_locked(bool unrepeated);
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
 };

@@ -36,6 +36,7 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cstring>
 #include <thread>
@@ -97,36 +98,63 @@ void RepeatTracker::note_graph_launch(bool hit) {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
   seen_ = std::min(seen_ + 1, kWindow);
-  probing_ = false;  // a probe ends with its first launch
-  const bool unrepeated = seen_ == kWindow && window_ == 0;
-  if (unrepeated != unrepeated_.load()) {
-    unrepeated_ = unrepeated;
-    trace::Event e;
-    e.time_ns = trace::now_ns();
-    e.kind = "policy";
-    e.what = unrepeated ? "ops run at once" : "ops recorded again";
-    e.detail = unrepeated ? "none of the last " + std::to_string(kWindow) +
-                                " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
-                                "than fusing saves: ops run at once while the device is idle"
-                          : "a recorded stretch of ops repeated a cached graph";
-    e.source = trace::capture();
-    trace::log_event(std::move(e));
+  if (unrepeated_.load()) {
+    // Only probes decide the way back; a probe that misses ends now.
+    if (probing_.load() && !hit) end_probe_locked();
+    if (probing_.load()) probe_launched_ = true;
+    return;
   }
+  // Nearly all misses: a few hits (a second generate() call meets the lengths its first
+  // call recorded) must not keep every other length recording.
+  if (seen_ == kWindow && std::popcount(window_) <= kMaxHitsUnrepeated) set_unrepeated_locked(true);
 }
 
 void RepeatTracker::note_host_wait() {
   if (!unrepeated_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (probing_.load()) {
+    // A probe's stretch ended with every launch a cache hit. One such stretch is not
+    // enough: a second generate() call hits the graphs its first call's probes built,
+    // at those KV lengths only. The next stretch must hit too.
+    if (probe_launched_ && ++repeating_probes_ >= kRepeatingProbes) {
+      end_probe_locked();
+      set_unrepeated_locked(false);
+    }
+    probe_launched_ = false;
+    return;
+  }
   if (++waits_ >= kProbeEvery) {
     waits_ = 0;
     probing_ = true;
   }
 }
 
+void RepeatTracker::end_probe_locked() {
+  probing_ = false;
+  probe_launched_ = false;
+  repeating_probes_ = 0;
+}
+
+void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
+  unrepeated_ = unrepeated;
+  trace::Event e;
+  e.time_ns = trace::now_ns();
+  e.kind = "policy";
+  e.what = unrepeated ? "ops run at once" : "ops recorded again";
+  e.detail = unrepeated ? "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
+                              " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
+                              "than fusing saves: ops run at once while the device is idle"
+                        : "the stretches of ops of " + std::to_string(kRepeatingProbes) +
+                              " probes in a row repeated cached graphs";
+  e.source = trace::capture();
+  trace::log_event(std::move(e));
+}
+
 void RepeatTracker::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = 0;
-  seen_ = waits_ = 0;
+  seen_ = waits_ = repeating_probes_ = 0;
+  probe_launched_ = false;
   unrepeated_ = probing_ = false;
 }
 
