@@ -1056,6 +1056,9 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
         (torch.tanh(x @ w) * 2 + 1).sum().item()
     c = ae.counters()
     assert not c["graphs_unrepeated"] and c["cache_hits"] > 0
+    switches = [e.what for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    resumed = switches.index("ops recorded again")
+    assert switches[resumed:] == ["ops recorded again"], switches  # resumed once, and stayed
     before = c["ops_run_at_once"]
     for _ in range(10):
         (torch.tanh(x @ w) * 2 + 1).sum().item()

@@ -36,8 +36,8 @@
 #include <Python.h>
 
 #include <algorithm>
-#include <bit>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
@@ -137,6 +137,10 @@ void RepeatTracker::end_probe_locked() {
 
 void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
   unrepeated_ = unrepeated;
+  // Each regime is judged on a window of its own launches: resumed recording must not
+  // switch back at once on the misses from before the switch.
+  window_ = 0;
+  seen_ = 0;
   trace::Event e;
   e.time_ns = trace::now_ns();
   e.kind = "policy";
