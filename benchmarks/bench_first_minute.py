@@ -372,7 +372,7 @@ def plot(raw: dict, path: str) -> None:
     rows = [r for r in ("mlp", "chain") if r in raw]
     fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 3.6), squeeze=False)
     labels = {"adaptive": "neuron, default (adaptive)", "eager": "neuron, eager mode", "cpu": "CPU eager",
-              "cpu_compile": "CPU torch.compile"}
+              "cpu_compile": "CPU torch.compile", "adaptive_compile": "neuron, compile=True (opt-in)"}
     titles = {"mlp": "MLP SGD step + loss.item()", "chain": "1M-element sin/cos chain + .item()"}
     for ax, row in zip(axes[0], rows):
         for mode, runs in raw[row].items():
