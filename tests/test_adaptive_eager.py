@@ -1034,6 +1034,14 @@ def test_a_session_of_varied_shapes_keeps_the_cache_and_explanations_bounded() -
     neuron_lab.configure(graph_cache_size=1024, run_unrepeated_at_once=True)
 
 
+def _step_of_length(n: int, w: torch.Tensor) -> None:
+    """One step whose shapes depend on n, as a decode step's do on the KV length; checked bit for bit."""
+    x = torch.randn(n, 8, device="neuron")
+    y = torch.tanh(x @ w) * 2 + 1
+    assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)
+    y.sum().item()
+
+
 def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_they_do() -> None:
     """generate() grows its KV cache every step: no graph repeats, and building each costs more
     than fusing saves. The runtime then runs ops at once (the same kernels: the same numbers),
@@ -1042,10 +1050,7 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
     ae.reset_counters()
     w = torch.randn(8, 8, device="neuron")
     for n in range(1, 61):  # every step a new length: 60 new graphs if recorded
-        x = torch.randn(n, 8, device="neuron")
-        y = torch.tanh(x @ w) * 2 + 1
-        assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)  # bit for bit
-        y.sum().item()
+        _step_of_length(n, w)
     c = ae.counters()
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
     assert c["graphs_built"] < 50, c["graphs_built"]  # the first stretch, then probes only
@@ -1075,10 +1080,7 @@ def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
 
     def one_pass() -> None:
         for n in range(1, 151):
-            x = torch.randn(n, 8, device="neuron")
-            y = torch.tanh(x @ w) * 2 + 1
-            assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)  # bit for bit
-            y.sum().item()
+            _step_of_length(n, w)
 
     one_pass()
     first = ae.counters()

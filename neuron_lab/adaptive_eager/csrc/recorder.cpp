@@ -119,8 +119,9 @@ void RepeatTracker::note_host_wait() {
     if (probe_launched_ && ++repeating_probes_ >= kRepeatingProbes) {
       end_probe_locked();
       set_unrepeated_locked(false);
+    } else {
+      probe_launched_ = false;  // the probe goes on with the next stretch
     }
-    probe_launched_ = false;
     return;
   }
   if (++waits_ >= kProbeEvery) {
