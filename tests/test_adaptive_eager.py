@@ -1070,6 +1070,26 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
     assert ae.counters()["ops_run_at_once"] == before  # recorded and fused again
 
 
+def test_probes_grow_rarer_while_the_same_ops_keep_missing() -> None:
+    """A probe records a graph that a program of growing shapes never uses again. Probes that
+    miss with the same operators (new shapes) come at longer and longer intervals; the old
+    fixed interval built a graph every 16 host waits for as long as the program ran."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(8, 8, device="neuron")
+    for n in range(1, 61):
+        _step_of_length(n, w)
+    before = ae.counters()
+    for n in range(61, 301):
+        _step_of_length(n, w)
+    after = ae.counters()
+    waits = sum(after["syncs"].values()) - sum(before["syncs"].values())
+    built = after["graphs_built"] - before["graphs_built"]
+    assert after["graphs_unrepeated"]
+    # One probe per 64 host waits at most, each ending at its first (missed) graph.
+    assert built <= waits // 64 + 2, f"{built} graphs built over {waits} host waits"
+
+
 def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
     """A notebook cell running generate() twice: the second call meets, at a few lengths, the
     graphs its first call's probes built. Those few hits must not make every other length record

@@ -72,18 +72,24 @@ Policy& policy();
 // Whether the graphs the runtime builds repeat. It watches the last kWindow graph
 // launches; when at most kMaxHitsUnrepeated of them were cache hits, graphs do not
 // repeat (building them costs more than fusing saves) and ops run at once
-// (Policy::run_unrepeated_at_once). Every kProbeEvery host waits it records the next
+// (Policy::run_unrepeated_at_once). After kProbeEvery host waits it records the next
 // stretch of ops again (a probe: from one host wait to the next, a natural boundary).
 // When kRepeatingProbes stretches in a row launch only cached graphs, the program
-// repeats again and recording resumes; a probe ends at its first miss.
+// repeats again and recording resumes; a probe ends at its first miss. A missed probe
+// whose ops (the sequence of operators, whatever their shapes) an earlier missed probe
+// also ran is the same program with grown shapes: the waits to the next probe double, up
+// to kMaxProbeEvery (400 tokens of generate() probe 5 times, not 23). Ops not seen before
+// mean the program changed: the next probe comes after kProbeEvery waits again.
 class RepeatTracker {
  public:
   static constexpr int kWindow = 32;
   static constexpr int kProbeEvery = 16;
+  static constexpr int kMaxProbeEvery = 64;
   static constexpr int kRepeatingProbes = 2;
   static constexpr int kMaxHitsUnrepeated = kWindow / 8;
-  // A graph launch: whether its graph came from the cache.
-  void note_graph_launch(bool hit);
+  // A graph launch: whether its graph came from the cache, and the hash of its operator
+  // sequence (shapes aside).
+  void note_graph_launch(bool hit, uint64_t ops_hash);
   // The host waited for the device (a natural boundary for a probe).
   void note_host_wait();
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
@@ -96,6 +102,9 @@ class RepeatTracker {
   uint64_t window_ = 0;  // hit bits of the last launches, newest lowest
   int seen_ = 0;         // launches in the window (up to kWindow)
   int waits_ = 0;        // host waits since the last probe
+  int probe_every_ = kProbeEvery;  // host waits from one probe to the next
+  std::array<uint64_t, 8> missed_ops_{};  // operator sequences of recent missed probes
+  size_t next_missed_ = 0;
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();

@@ -23,6 +23,16 @@ namespace neuron::lazy {
 
 namespace {
 
+// The operators of a launch in order, shapes aside: a program whose shapes grow
+// (generate()) launches the same sequence with new shapes (RepeatTracker).
+uint64_t operator_sequence_hash(const std::vector<Record>& records) {
+  uint64_t h = records.size();
+  for (const auto& r : records) {
+    h = (h ^ reinterpret_cast<uintptr_t>(&r.op.schema())) * 0x100000001b3ULL;  // FNV-1a's prime
+  }
+  return h;
+}
+
 // References to a tensor or storage from C++, not counting its Python wrapper's
 // own; `python_holds` is set when Python code holds the wrapper. (While C++
 // holds the object it holds one reference to the wrapper: see intrusive_ptr's
@@ -159,7 +169,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
       }
     });
     (hit ? c.cache_hits : c.graphs_built).fetch_add(1, std::memory_order_relaxed);
-    repeats().note_graph_launch(hit);
+    repeats().note_graph_launch(hit, repeats().unrepeated() ? operator_sequence_hash(l->records) : 0);
   }
   if (compile_it) request_compile(l->graph, l->records, storages);
   // Dead intermediates get host scratch now, on this thread, unless compiled

@@ -94,13 +94,18 @@ void Counters::reset() {
 
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
-void RepeatTracker::note_graph_launch(bool hit) {
+void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash) {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
   seen_ = std::min(seen_ + 1, kWindow);
   if (unrepeated_.load()) {
     // Only probes decide the way back; a probe that misses ends now.
-    if (probing_.load() && !hit) end_probe_locked();
+    if (probing_.load() && !hit) {
+      end_probe_locked();
+      const bool same_ops = std::find(missed_ops_.begin(), missed_ops_.end(), ops_hash) != missed_ops_.end();
+      probe_every_ = same_ops ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
+      if (!same_ops) missed_ops_[next_missed_++ % missed_ops_.size()] = ops_hash;
+    }
     if (probing_.load()) probe_launched_ = true;
     return;
   }
@@ -124,7 +129,7 @@ void RepeatTracker::note_host_wait() {
     }
     return;
   }
-  if (++waits_ >= kProbeEvery) {
+  if (++waits_ >= probe_every_) {
     waits_ = 0;
     probing_ = true;
   }
@@ -138,6 +143,7 @@ void RepeatTracker::end_probe_locked() {
 
 void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
   unrepeated_ = unrepeated;
+  probe_every_ = kProbeEvery;
   // Each regime is judged on a window of its own launches: resumed recording must not
   // switch back at once on the misses from before the switch.
   window_ = 0;
@@ -159,6 +165,8 @@ void RepeatTracker::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = 0;
   seen_ = waits_ = repeating_probes_ = 0;
+  probe_every_ = kProbeEvery;
+  missed_ops_.fill(0);
   probe_launched_ = false;
   unrepeated_ = probing_ = false;
 }
