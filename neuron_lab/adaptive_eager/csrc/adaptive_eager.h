@@ -14,6 +14,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <array>
 #include <functional>
@@ -153,7 +154,7 @@ void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stac
 bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src);
 // Before an op runs inline on the caller's thread: launches what is buffered
 // and waits for every launch that uses the given tensors' memory.
-void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what);
+void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what);
 // Notes a tensor just created by an empty kernel for a structured op's output.
 void note_fresh_output(const at::Tensor& t);
 // Forgets which cached graphs follow each other (their joins), with the graph cache.
@@ -272,7 +273,7 @@ struct StorageUse {
   bool mixed_dtypes = false;
   bool written = false;
   bool dead = false;  // a pending result nothing outside the launch holds
-  std::vector<const c10::TensorImpl*> impls;
+  c10::SmallVector<const c10::TensorImpl*, 2> impls;  // most storages have one or two tensors
   int64_t first_record = 0, last_record = 0;  // the records of the launch that use it
 };
 

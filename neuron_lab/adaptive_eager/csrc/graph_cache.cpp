@@ -424,6 +424,9 @@ GraphCache& graph_cache() {
 GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse>& storages,
                 const std::unordered_map<const c10::StorageImpl*, int>& index) {
   KeyBuilder builder(&index);
+  // About 8 words a tensor, a few tensors a record: one allocation instead of a regrowth per doubling.
+  builder.key.words.reserve(records.size() * 32 + storages.size() * 3);
+  builder.key.op_offsets.reserve(records.size());
   for (const auto& r : records) builder.record(r);
   for (const auto& u : storages) {
     builder.put(static_cast<int64_t>(u.storage.nbytes()));

@@ -725,7 +725,7 @@ void note_sync(Reason reason, std::string_view what) {
   repeats().note_host_wait();
 }
 
-void prepare_inline(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) {
+void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what) {
   const bool at_once = std::exchange(tl_run_at_once, false) ||
                        (tl_in_at_once_kernel && reason == Reason::MetadataChange);
   if (at_once && g_buffered_records.load(std::memory_order_acquire) == 0) {
@@ -799,7 +799,7 @@ class Recorder final : public OpInterceptor {
   bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) override {
     return lazy::try_copy_from_host(dst, src);
   }
-  void before_host_access(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what) override {
+  void before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what) override {
     prepare_inline(tensors, reason, what);
   }
   void check_readable(const at::Tensor& t) override { lazy::check_readable(t); }

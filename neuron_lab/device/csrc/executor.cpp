@@ -67,6 +67,10 @@ thread_local bool tl_on_device_thread = false;
 
 std::atomic<bool> g_threads_started{false};
 std::atomic<bool> g_bad_fork{false};
+// Launches queued or executing on any stream, and streams holding an error not yet
+// raised: both zero means a host access has nothing to wait for (device_quiet()).
+std::atomic<int64_t> g_launches_in_flight{0};
+std::atomic<int64_t> g_unreported_errors{0};
 
 struct StreamRegistry {
   std::mutex mutex;
@@ -180,8 +184,12 @@ void execute(StreamState* s, Work& work, bool skip) {
   bool more = false;
   {
     std::lock_guard<std::mutex> lock(s->mutex);
-    if (failure != nullptr && s->error == nullptr) s->error = failure;
+    if (failure != nullptr && s->error == nullptr) {
+      s->error = failure;
+      g_unreported_errors.fetch_add(1, std::memory_order_release);
+    }
     s->completed.fetch_add(1, std::memory_order_release);
+    g_launches_in_flight.fetch_sub(1, std::memory_order_release);
     s->running = false;
     more = !s->queue.empty();
   }
@@ -304,8 +312,9 @@ c10::Stream new_stream(c10::DeviceIndex index, int /*priority*/) {
   return make_stream(index, static_cast<c10::StreamId>(reg.streams.size() - 1));
 }
 
-StreamState& stream_state(c10::Stream stream) {
-  TORCH_CHECK(stream.device_type() == kNeuron, "expected a neuron stream, got a stream on ", stream.device());
+namespace {
+
+StreamState& stream_state_slow(c10::Stream stream) {
   auto& reg = registry(stream.device_index());
   std::lock_guard<std::mutex> lock(reg.mutex);
   const auto id = stream.id();
@@ -314,11 +323,31 @@ StreamState& stream_state(c10::Stream stream) {
   return ensure_stream(reg, stream.device_index(), static_cast<size_t>(id));
 }
 
+}  // namespace
+
+StreamState& stream_state(c10::Stream stream) {
+  // Every op asks for its stream's state: the last one found is kept per thread (states
+  // live as long as the process, at stable addresses), saving the registry's lock.
+  thread_local StreamState* last = nullptr;
+  if (last != nullptr && last->id == stream.id() && last->device == stream.device_index() &&
+      stream.device_type() == kNeuron) {
+    return *last;
+  }
+  TORCH_CHECK(stream.device_type() == kNeuron, "expected a neuron stream, got a stream on ", stream.device());
+  last = &stream_state_slow(stream);
+  return *last;
+}
+
 int64_t num_streams(c10::DeviceIndex index) {
   auto& reg = registry(resolve_device(index));
   std::lock_guard<std::mutex> lock(reg.mutex);
   ensure_stream(reg, index, 0);
   return static_cast<int64_t>(reg.streams.size());
+}
+
+bool device_quiet() {
+  return g_launches_in_flight.load(std::memory_order_acquire) == 0 &&
+         g_unreported_errors.load(std::memory_order_acquire) == 0;
 }
 
 uint64_t stream_enqueued(const StreamState& s) { return s.enqueued.load(std::memory_order_acquire); }
@@ -370,6 +399,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       g_threads_started = true;
     }
     s.queued_ops.fetch_add(work.ops);
+    g_launches_in_flight.fetch_add(1, std::memory_order_acq_rel);
     s.queue.push_back(std::move(work));
     seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   }
@@ -404,6 +434,7 @@ void wait_for(StreamState& s, uint64_t seq) {
     std::lock_guard<std::mutex> lock(s.mutex);
     if (s.error == nullptr) return;
     std::swap(error, s.error);
+    g_unreported_errors.fetch_sub(1, std::memory_order_release);
   }
   std::rethrow_exception(error);
 }

@@ -272,9 +272,10 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t num_args = args.size();
   const size_t begin = stack->size() - num_args;
   // Otherwise the op runs here, now: first every launch using its memory finishes.
-  std::vector<at::Tensor> written;
+  // (Small vectors: an op has a few tensors, and this runs for every op run at once.)
+  c10::SmallVector<at::Tensor, 8> written;
   {
-    std::vector<at::Tensor> touched;
+    c10::SmallVector<at::Tensor, 8> touched;
     for (size_t i = 0; i < num_args; ++i) {
       const auto& value = (*stack)[begin + i];
       const size_t first = touched.size();
@@ -287,15 +288,14 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           if (v.isTensor()) touched.push_back(v.toTensor());
         }
       }
-      if (is_write(args[i])) written.insert(written.end(), touched.begin() + first, touched.end());
+      if (is_write(args[i])) written.append(touched.begin() + first, touched.end());
     }
     interceptor().before_host_access(touched, access_reason(schema), schema.operator_name().name);
-    for (size_t i = 0; i < touched.size(); ++i) {
+    for (const auto& t : touched) {
       // Inputs must hold computed values; what the op writes is overwritten.
-      if (std::find_if(written.begin(), written.end(), [&](const at::Tensor& t) {
-            return t.unsafeGetTensorImpl() == touched[i].unsafeGetTensorImpl();
-          }) == written.end()) {
-        interceptor().check_readable(touched[i]);
+      if (std::none_of(written.begin(), written.end(),
+                       [&](const at::Tensor& w) { return w.unsafeGetTensorImpl() == t.unsafeGetTensorImpl(); })) {
+        interceptor().check_readable(t);
       }
     }
   }

@@ -17,7 +17,7 @@ std::atomic<OpInterceptor*> g_interceptor{nullptr};
 
 }  // namespace
 
-void OpInterceptor::before_host_access(const std::vector<at::Tensor>& tensors, Reason /*reason*/, std::string_view /*what*/) {
+void OpInterceptor::before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason /*reason*/, std::string_view /*what*/) {
   for (const auto& t : tensors) {
     if (t.defined() && t.device().type() == kNeuron) materialize(t.storage());
   }

@@ -38,7 +38,7 @@ class OpInterceptor {
   // read or write, a metadata change): whatever they depend on is launched and waited
   // for, and pending memory is given device memory. The default only does the last.
   // `what` names the op or kernel, if any.
-  virtual void before_host_access(const std::vector<at::Tensor>& tensors, Reason reason, std::string_view what);
+  virtual void before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what);
   // Raises if a tensor's value was never computed (a launch that should have written it
   // failed). The default has nothing to check.
   virtual void check_readable(const at::Tensor& t) {}

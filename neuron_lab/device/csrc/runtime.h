@@ -69,6 +69,9 @@ uint64_t stream_enqueued(const StreamState& s);
 uint64_t stream_completed(const StreamState& s);
 c10::Stream stream_of(const StreamState& s);
 bool stream_idle(const StreamState& s);
+// True when no stream of any core has a launch queued or executing, nor an error
+// still to be raised at a wait: a host access then has nothing to wait for.
+bool device_quiet();
 
 // One unit of device work. `run` executes on the stream's device thread and may
 // throw: the error is kept and raised at the next wait on the stream, and the
