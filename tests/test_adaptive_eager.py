@@ -1113,6 +1113,49 @@ def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
     assert second["ops_run_at_once"] - first["ops_run_at_once"] > 150
 
 
+def _decode_step(n: int, x: torch.Tensor, w: torch.Tensor) -> None:
+    """A decode step: a fixed-shape prefix read back (its graph repeats), then ops whose shapes
+    grow with n (a KV cache's), read back too; checked bit for bit."""
+    h = torch.tanh(x @ w) * 2 + 1
+    h.sum().item()  # one launch: the same graph every step
+    kv = torch.randn(n, x.shape[1], device="neuron")
+    y = (torch.softmax(h @ kv.T, dim=-1) @ kv).cpu()  # one launch: new shapes every step
+    h, kv = h.cpu(), kv.cpu()  # computed already: no launch
+    assert torch.equal(h, torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)
+    assert torch.equal(y, torch.softmax(h @ kv.T, dim=-1) @ kv)
+
+
+def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
+    """A hand-written decoding loop: each step's fixed-shape prefix hits the cache, the rest
+    grows, so half the graphs repeat. With ops this small the device has nothing to compute
+    while the host records, and recording only adds to the work: ops run at once (the old
+    rule, at most 4 of 32 hits, recorded a new graph every step)."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    x, w = torch.randn(4, 8, device="neuron"), torch.randn(8, 8, device="neuron")
+    for n in range(1, 81):
+        _decode_step(n, x, w)
+    c = ae.counters()
+    assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
+    assert c["graphs_built"] < 50, c["graphs_built"]
+    events = [e for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    assert events and events[-1].what == "ops run at once", events
+    assert "at most half of the last 32 graphs repeated and their ops are small" in events[-1].detail
+
+
+def test_big_ops_keep_being_recorded_when_only_a_fixed_shape_prefix_repeats() -> None:
+    """The same loop with ops of 128 KiB: the device computes while the host records, even
+    into new graphs, so the runtime keeps recording."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    x, w = torch.randn(128, 256, device="neuron"), torch.randn(256, 256, device="neuron")
+    for n in range(1, 61):
+        _decode_step(n, x, w)
+    c = ae.counters()
+    assert not c["graphs_unrepeated"] and c["ops_run_at_once"] == 0
+    assert c["cache_hits"] >= 50  # the prefix's graph, every step
+
+
 # ---- tiled replay -------------------------------------------------------------------------
 
 

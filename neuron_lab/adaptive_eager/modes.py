@@ -91,8 +91,10 @@ def configure(
     capture_source: record each op's user source line (for errors and the profiler).
     graph_cache_size: graphs the cache holds at most; beyond, the least recently used
         is evicted (default 1024; ``counters()["graphs_evicted"]`` counts them).
-    run_unrepeated_at_once: when none of the last 32 graphs repeated (``generate()``,
-        whose shapes grow every step), building graphs costs more than fusing saves: ops
+    run_unrepeated_at_once: when at most 4 of the last 32 graphs repeated (``generate()``,
+        whose shapes grow every step), or at most half of them and their ops are small
+        (under 16 KiB written per op: a decoding loop whose fixed-shape prefix repeats),
+        building graphs costs more than fusing saves: ops
         then run at once on the calling thread while the device is idle, with the same
         kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
         and a recorded stretch every 16 host waits finds out when graphs repeat again).

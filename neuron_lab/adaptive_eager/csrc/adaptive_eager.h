@@ -73,7 +73,12 @@ Policy& policy();
 // Whether the graphs the runtime builds repeat. It watches the last kWindow graph
 // launches; when at most kMaxHitsUnrepeated of them were cache hits, graphs do not
 // repeat (building them costs more than fusing saves) and ops run at once
-// (Policy::run_unrepeated_at_once). After kProbeEvery host waits it records the next
+// (Policy::run_unrepeated_at_once). So they do when at most half of them hit and their
+// ops are small (under kSmallOpBytes written per op on average): a decoding loop whose
+// fixed-shape prefix repeats while the rest grows every step. For ops that small the
+// device has too little to compute for recording to hide any of it, so a graph pays
+// only when it is reused; bigger ops (a training step with ragged batches) keep being
+// recorded, because the device computes them while the host records the next. After kProbeEvery host waits it records the next
 // stretch of ops again (a probe: from one host wait to the next, a natural boundary).
 // When kRepeatingProbes stretches in a row launch only cached graphs, the program
 // repeats again and recording resumes; a probe ends at its first miss. A missed probe
@@ -88,9 +93,11 @@ class RepeatTracker {
   static constexpr int kMaxProbeEvery = 64;
   static constexpr int kRepeatingProbes = 2;
   static constexpr int kMaxHitsUnrepeated = kWindow / 8;
-  // A graph launch: whether its graph came from the cache, and the hash of its operator
-  // sequence (shapes aside).
-  void note_graph_launch(bool hit, uint64_t ops_hash);
+  static constexpr int kMaxHitsOfSmallOps = kWindow / 2;
+  static constexpr int64_t kSmallOpBytes = 16 << 10;
+  // A graph launch: whether its graph came from the cache, the hash of its operator
+  // sequence (shapes aside), how many ops it holds and how many bytes they write.
+  void note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes);
   // The host waited for the device (a natural boundary for a probe).
   void note_host_wait();
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
@@ -102,6 +109,9 @@ class RepeatTracker {
   std::mutex mutex_;
   uint64_t window_ = 0;  // hit bits of the last launches, newest lowest
   int seen_ = 0;         // launches in the window (up to kWindow)
+  // Ops and bytes written of the window's launches, a ring (next_launch_ the oldest).
+  std::array<int64_t, kWindow> launch_ops_{}, launch_bytes_{};
+  int next_launch_ = 0;
   int waits_ = 0;        // host waits since the last probe
   int probe_every_ = kProbeEvery;  // host waits from one probe to the next
   std::array<uint64_t, 8> missed_ops_{};  // operator sequences of recent missed probes
@@ -109,7 +119,8 @@ class RepeatTracker {
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();
-  void set_unrepeated_locked(bool unrepeated);
+  // small_op_bytes: the bytes per op that made it switch for small ops (-1: another reason).
+  void set_unrepeated_locked(bool unrepeated, int64_t small_op_bytes = -1);
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
 };

@@ -94,10 +94,13 @@ void Counters::reset() {
 
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
-void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash) {
+void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
   seen_ = std::min(seen_ + 1, kWindow);
+  launch_ops_[next_launch_] = ops;
+  launch_bytes_[next_launch_] = written_bytes;
+  next_launch_ = (next_launch_ + 1) % kWindow;
   if (unrepeated_.load()) {
     // Only probes decide the way back; a probe that misses ends now.
     if (probing_.load() && !hit) {
@@ -109,9 +112,18 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash) {
     if (probing_.load()) probe_launched_ = true;
     return;
   }
+  if (seen_ < kWindow) return;
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
-  if (seen_ == kWindow && std::popcount(window_) <= kMaxHitsUnrepeated) set_unrepeated_locked(true);
+  const int hits = std::popcount(window_);
+  if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true);
+  // Half misses or more, of small ops: a decoding loop's fixed-shape prefix hits, the
+  // rest of each step grows.
+  if (hits <= kMaxHitsOfSmallOps) {
+    int64_t ops = 0, bytes = 0;
+    for (int i = 0; i < kWindow; ++i) ops += launch_ops_[i], bytes += launch_bytes_[i];
+    if (ops > 0 && bytes < kSmallOpBytes * ops) set_unrepeated_locked(true, bytes / ops);
+  }
 }
 
 void RepeatTracker::note_host_wait() {
@@ -141,7 +153,7 @@ void RepeatTracker::end_probe_locked() {
   repeating_probes_ = 0;
 }
 
-void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
+void RepeatTracker::set_unrepeated_locked(bool unrepeated, int64_t small_op_bytes) {
   unrepeated_ = unrepeated;
   probe_every_ = kProbeEvery;
   // Each regime is judged on a window of its own launches: resumed recording must not
@@ -152,9 +164,14 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
   e.time_ns = trace::now_ns();
   e.kind = "policy";
   e.what = unrepeated ? "ops run at once" : "ops recorded again";
-  e.detail = unrepeated ? "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
-                              " graphs repeated (e.g. shapes that grow every step), so building graphs costs more "
-                              "than fusing saves: ops run at once while the device is idle"
+  const std::string repeated =
+      small_op_bytes < 0 ? "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
+                               " graphs repeated (e.g. shapes that grow every step)"
+                         : "at most half of the last " + std::to_string(kWindow) + " graphs repeated and their ops are "
+                               "small (" + std::to_string(small_op_bytes) + " bytes written per op; a fixed-shape "
+                               "prefix repeats, the rest of each step grows)";
+  e.detail = unrepeated ? repeated + ", so building graphs costs more than fusing saves: ops run at once while the "
+                                     "device is idle"
                         : "the stretches of ops of " + std::to_string(kRepeatingProbes) +
                               " probes in a row repeated cached graphs";
   e.source = trace::capture();
@@ -164,6 +181,9 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated) {
 void RepeatTracker::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = 0;
+  launch_ops_.fill(0);
+  launch_bytes_.fill(0);
+  next_launch_ = 0;
   seen_ = waits_ = repeating_probes_ = 0;
   probe_every_ = kProbeEvery;
   missed_ops_.fill(0);
