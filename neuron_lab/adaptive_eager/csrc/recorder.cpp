@@ -828,7 +828,13 @@ class Recorder final : public OpInterceptor {
     tl_in_at_once_kernel = false;
     learn_from_inline_run(op, stack);
   }
-  bool defers_allocation() const override { return lazy_allocation(); }
+  // While ops run at once (nothing repeats, nothing is buffered, the device is quiet), the
+  // op that asks for a new tensor writes it at once: memory now, not a pending storage that
+  // is registered and then materialized a moment later.
+  bool defers_allocation() const override {
+    return lazy_allocation() && !(repeats().run_at_once() && g_buffered_records.load(std::memory_order_acquire) == 0 &&
+                                  device_quiet());
+  }
   void note_fresh_output(const at::Tensor& t) override { lazy::note_fresh_output(t); }
   void flush_stream(c10::Stream stream, Reason reason) override { flush_stream_buffer(stream, reason); }
   void flush_device(c10::DeviceIndex device, Reason reason) override { flush_device_buffers(device, reason); }
