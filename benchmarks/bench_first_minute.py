@@ -16,6 +16,11 @@ Rows:
   generate  greedy ``generate()`` of 400 new tokens, first call in a fresh process (and the
           same call again, as a cell run twice), tokens
           equal to the CPU's, graphs built and evicted
+  decode  a hand-written GPT-2-style decoding loop (2 layers, width 32, a KV cache grown with
+          ``torch.cat``, one token read back per step), 300 tokens in a fresh process: ms per
+          token in the default mode, eager mode, blocking mode and on the CPU, tokens equal
+  threads ``generate()`` of GPT-2 as in ``generate``, at the default thread count (what a
+          notebook runs with), default and blocking mode against the CPU
   compile ``torch.compile(llama, backend=neuron)`` against CPU inductor, 40 training steps:
           steady state and the time from the first step until steps are within 1.2x of it
   cold    from before ``import torch`` to the first ``relu(x @ x).softmax(-1).sum().item()``
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ("mlp", "chain", "step", "generate", "compile", "cold")
+ROWS = ("mlp", "chain", "step", "generate", "decode", "threads", "compile", "cold")
 
 
 # ---- the child: one workload in one mode, in this fresh process -------------------------
@@ -174,6 +179,53 @@ def child_generate(mode: str, name: str) -> dict:
     return result
 
 
+def child_decode(mode: str) -> dict:
+    """A decoding loop as researchers write it by hand: each step's embedding and first
+    projection have fixed shapes, the attention over the KV cache grows."""
+    import torch
+    import torch.nn.functional as F
+    device = _device(mode)
+    g = torch.Generator().manual_seed(0)
+    width, heads, n_layers, vocab = 32, 4, 2, 99
+
+    def param(*shape):
+        return (torch.randn(*shape, generator=g) * 0.1).to(device)
+
+    wte, wpe = param(vocab, width), param(512, width)
+    layers = [{"ln1": (param(width) + 1, param(width)), "qkv": (param(width, 3 * width), param(3 * width)),
+               "proj": (param(width, width), param(width)), "ln2": (param(width) + 1, param(width)),
+               "fc": (param(width, 4 * width), param(4 * width)), "out": (param(4 * width, width), param(width))}
+              for _ in range(n_layers)]
+    final_ln = (param(width) + 1, param(width))
+
+    def linear(x, wb):
+        return torch.addmm(wb[1], x.view(-1, x.shape[-1]), wb[0]).view(*x.shape[:-1], -1)
+
+    def step(token, position, cache):
+        x = F.embedding(token, wte) + F.embedding(position, wpe)
+        for i, layer in enumerate(layers):
+            q, k, v = linear(F.layer_norm(x, (width,), *layer["ln1"]), layer["qkv"]).split(width, dim=-1)
+            q, k, v = (t.view(1, -1, heads, width // heads).transpose(1, 2) for t in (q, k, v))
+            if cache[i] is not None:
+                k, v = torch.cat([cache[i][0], k], dim=-2), torch.cat([cache[i][1], v], dim=-2)
+            cache[i] = (k, v)
+            attn = F.scaled_dot_product_attention(q, k, v)
+            x = x + linear(attn.transpose(1, 2).reshape(1, -1, width), layer["proj"])
+            h = linear(F.layer_norm(x, (width,), *layer["ln2"]), layer["fc"])
+            h = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h, 3.0))))
+            x = x + linear(h, layer["out"])
+        x = F.layer_norm(x, (width,), *final_ln)
+        return (x[:, -1] @ wte.t()).argmax(-1)
+
+    cache, token, tokens = [None] * n_layers, torch.tensor([[3]], device=device), []
+    start = time.perf_counter()
+    with torch.no_grad():
+        for t in range(300):
+            token = step(token, torch.tensor([[t]], device=device), cache).view(1, 1)
+            tokens.append(token.item())
+    return {"ms_per_token": (time.perf_counter() - start) / 300 * 1e3, "tokens": tokens}
+
+
 def _graph_counters() -> dict:
     from neuron_lab.adaptive_eager.stats import counters
     c = counters()
@@ -217,8 +269,8 @@ print(first_op, time.perf_counter() - start)
 def run_child(row: str, mode: str, model: str | None = None) -> dict:
     """One fresh process; returns what it measured."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEURON_LAB_")}
-    if mode == "eager":
-        env["NEURON_LAB_MODE"] = "eager"
+    if mode in ("eager", "blocking"):
+        env["NEURON_LAB_MODE"] = mode
     if row == "cold":
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-c", COLD_SNIPPET, _device(mode)], env=env, check=True,
@@ -234,10 +286,11 @@ def run_child(row: str, mode: str, model: str | None = None) -> dict:
 
 def child_main(argv: list[str]) -> None:
     import torch
-    torch.set_num_threads(1)
     row, mode, *rest = argv
+    if row != "threads":  # that row keeps torch's default, as a notebook does
+        torch.set_num_threads(1)
     fn = {"mlp": child_mlp, "chain": child_chain, "step": child_step, "generate": child_generate,
-          "compile": child_compile}[row]
+          "threads": child_generate, "decode": child_decode, "compile": child_compile}[row]
     print(json.dumps(fn(mode, *rest)))
 
 
@@ -333,6 +386,33 @@ def generation(rounds: int, table: list, raw: dict) -> None:
                       "<= 1.0x CPU, equal", "yes" if ratio <= 1.0 and equal else "NO"))
 
 
+def decoding(rounds: int, table: list, raw: dict) -> None:
+    res = _rounds("decode", ["adaptive", "eager", "blocking", "cpu"], rounds)
+    raw["decode"] = res
+    fig = lambda r: r["ms_per_token"]
+    cells = {m: _median([fig(r) for r in res[m]]) for m in res}
+    vs_eager = _paired(res, "adaptive", "eager", fig)
+    vs_blocking = _paired(res, "adaptive", "blocking", fig)
+    vs_cpu = _paired(res, "adaptive", "cpu", fig)
+    equal = all(r["tokens"] == c["tokens"] for m in ("adaptive", "eager", "blocking") for r, c in zip(res[m], res["cpu"]))
+    table.append(("hand-written decode loop, 300 tokens, ms/token",
+                  f"{cells['adaptive']:.3f} / {cells['eager']:.3f} / {cells['cpu']:.3f} (blocking {cells['blocking']:.3f})",
+                  f"{vs_eager:.2f}x eager, {vs_blocking:.2f}x blocking, {vs_cpu:.2f}x CPU, tokens "
+                  f"{'equal' if equal else 'DIFFER'}", "<= 1.1x eager, equal", "yes" if vs_eager <= 1.1 and equal else "NO"))
+
+
+def default_threads(rounds: int, table: list, raw: dict) -> None:
+    res = _rounds("threads", ["adaptive", "blocking", "cpu"], rounds, "gpt2")
+    raw["threads_gpt2"] = res
+    fig = lambda r: r["first_s"]
+    cells = {m: _median([fig(r) for r in res[m]]) for m in res}
+    equal = all(r["tokens"] == c["tokens"] for m in ("adaptive", "blocking") for r, c in zip(res[m], res["cpu"]))
+    table.append((f"gpt2 generate 400 at {os.cpu_count()} threads (torch's default here), first call",
+                  f"{_ms(cells['adaptive'])} / - / {_ms(cells['cpu'])} (blocking {_ms(cells['blocking'])})",
+                  f"{_paired(res, 'adaptive', 'cpu', fig):.2f}x CPU, {_paired(res, 'adaptive', 'blocking', fig):.2f}x "
+                  f"blocking, tokens {'equal' if equal else 'DIFFER'}", "(what a notebook feels)", "-"))
+
+
 def _to_steady(times: list[float]) -> tuple[float, float]:
     """(steady step time, seconds from the first step until steps stay within 1.2x of it)."""
     steady = _median(times[-10:])
@@ -412,7 +492,8 @@ def main() -> None:
             if row in ("mlp", "chain"):
                 first_minute(row, args.rounds, table, raw)
             else:
-                {"step": steps, "generate": generation, "compile": compiled, "cold": cold}[row](args.rounds, table, raw)
+                {"step": steps, "generate": generation, "decode": decoding, "threads": default_threads,
+                 "compile": compiled, "cold": cold}[row](args.rounds, table, raw)
     finally:  # a row that fails still leaves the rows before it
         print("\n| row | default / eager / CPU | ratio | target | met? |\n|---|---|---|---|---|")
         for cells in table:
