@@ -1125,17 +1125,21 @@ def _decode_step(n: int, x: torch.Tensor, w: torch.Tensor) -> None:
     assert torch.equal(y, torch.softmax(h @ kv.T, dim=-1) @ kv)
 
 
+def _decode_counters(x: torch.Tensor, w: torch.Tensor, steps: int) -> dict:
+    """The runtime's counters after `steps` decode steps from an empty graph cache."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    for n in range(1, steps + 1):
+        _decode_step(n, x, w)
+    return ae.counters()
+
+
 def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
     """A hand-written decoding loop: each step's fixed-shape prefix hits the cache, the rest
     grows, so half the graphs repeat. With ops this small the device has nothing to compute
     while the host records, and recording only adds to the work: ops run at once (the old
     rule, at most 4 of 32 hits, recorded a new graph every step)."""
-    ae.clear_graph_cache()
-    ae.reset_counters()
-    x, w = torch.randn(4, 8, device="neuron"), torch.randn(8, 8, device="neuron")
-    for n in range(1, 81):
-        _decode_step(n, x, w)
-    c = ae.counters()
+    c = _decode_counters(torch.randn(4, 8, device="neuron"), torch.randn(8, 8, device="neuron"), steps=80)
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
     assert c["graphs_built"] < 50, c["graphs_built"]
     events = [e for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
@@ -1146,12 +1150,7 @@ def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
 def test_big_ops_keep_being_recorded_when_only_a_fixed_shape_prefix_repeats() -> None:
     """The same loop with ops of 128 KiB: the device computes while the host records, even
     into new graphs, so the runtime keeps recording."""
-    ae.clear_graph_cache()
-    ae.reset_counters()
-    x, w = torch.randn(128, 256, device="neuron"), torch.randn(256, 256, device="neuron")
-    for n in range(1, 61):
-        _decode_step(n, x, w)
-    c = ae.counters()
+    c = _decode_counters(torch.randn(128, 256, device="neuron"), torch.randn(256, 256, device="neuron"), steps=60)
     assert not c["graphs_unrepeated"] and c["ops_run_at_once"] == 0
     assert c["cache_hits"] >= 50  # the prefix's graph, every step
 
