@@ -78,8 +78,9 @@ Policy& policy();
 // fixed-shape prefix repeats while the rest grows every step. For ops that small the
 // device has too little to compute for recording to hide any of it, so a graph pays
 // only when it is reused; bigger ops (a training step with ragged batches) keep being
-// recorded, because the device computes them while the host records the next. After kProbeEvery host waits it records the next
-// stretch of ops again (a probe: from one host wait to the next, a natural boundary).
+// recorded, because the device computes them while the host records the next. After
+// kProbeEvery host waits it records the next stretch of ops again (a probe: from one
+// host wait to the next, a natural boundary).
 // When kRepeatingProbes stretches in a row launch only cached graphs, the program
 // repeats again and recording resumes; a probe ends at its first miss. A missed probe
 // whose ops (the sequence of operators, whatever their shapes) an earlier missed probe
