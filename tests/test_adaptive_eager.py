@@ -1113,6 +1113,39 @@ def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
     assert second["ops_run_at_once"] - first["ops_run_at_once"] > 150
 
 
+@pytest.mark.parametrize("dropouts", [2, 5])
+def test_probes_begin_at_the_loops_own_waits_not_at_a_random_ops(dropouts: int) -> None:
+    """A notebook trains, generates (ops then run at once) and trains again. Running at once,
+    each dropout waits so that it draws in order. A probe begun at such a wait starts in the
+    middle of a step, where no cached graph starts: it misses, builds a graph nobody uses
+    again, and the next probe comes later. Probes begin only at the loop's own waits
+    (loss.item()), so none misses (the rule before built 1-2 such graphs here, and a notebook's
+    training resumed recording after 6 to 12 steps instead of 3)."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(8, 8, device="neuron")
+    x = torch.randn(16, 8, device="neuron")
+
+    def train_step() -> None:
+        y = torch.tanh(x @ w)
+        for _ in range(dropouts):
+            y = torch.nn.functional.dropout(y, 0.1, training=True) * 1.5
+        y.sum().item()
+
+    for _ in range(10):  # recorded: the step's graphs are cached
+        train_step()
+    for n in range(1, 61):  # growing shapes: ops run at once
+        _step_of_length(n, w)
+    assert ae.counters()["graphs_unrepeated"]
+    built = ae.counters()["graphs_built"]
+    for _ in range(40):
+        train_step()
+        if not ae.counters()["graphs_unrepeated"]:
+            break
+    assert not ae.counters()["graphs_unrepeated"], "recording never resumed"
+    assert ae.counters()["graphs_built"] == built, "a probe began in the middle of a step and missed"
+
+
 def _decode_step(n: int, x: torch.Tensor, w: torch.Tensor) -> None:
     """A decode step: a fixed-shape prefix read back (its graph repeats), then ops whose shapes
     grow with n (a KV cache's), read back too; checked bit for bit."""

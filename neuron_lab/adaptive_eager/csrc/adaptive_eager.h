@@ -74,11 +74,12 @@ Policy& policy();
 // launches; when at most kMaxHitsUnrepeated of them were cache hits, graphs do not
 // repeat (building them costs more than fusing saves) and ops run at once
 // (Policy::run_unrepeated_at_once). So they do when at most half of them hit and their
-// ops are small (under kSmallOpBytes written per op on average): a decoding loop whose
-// fixed-shape prefix repeats while the rest grows every step. For ops that small the
-// device has too little to compute for recording to hide any of it, so a graph pays
-// only when it is reused; bigger ops (a training step with ragged batches) keep being
-// recorded, because the device computes them while the host records the next. After
+// ops are small (under kSmallOpBytes written per op on average, in the hits and in the
+// misses alike): a decoding loop whose fixed-shape prefix repeats while the rest grows.
+// For ops that small the device has too little to compute for recording to hide any of
+// it, so a graph pays only when it is reused; bigger ops (a training step with ragged
+// batches) keep being recorded, because the device computes them while the host records
+// the next. After
 // kProbeEvery host waits it records the next stretch of ops again (a probe: from one
 // host wait to the next, a natural boundary).
 // When kRepeatingProbes stretches in a row launch only cached graphs, the program
@@ -99,8 +100,8 @@ class RepeatTracker {
   // A graph launch: whether its graph came from the cache, the hash of its operator
   // sequence (shapes aside), how many ops it holds and how many bytes they write.
   void note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes);
-  // The host waited for the device (a natural boundary for a probe).
-  void note_host_wait();
+  // The host waited for the device, for `reason` (a natural boundary for a probe).
+  void note_host_wait(Reason reason);
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
   bool run_at_once() const { return unrepeated_.load(std::memory_order_relaxed) && !probing_.load(std::memory_order_relaxed); }
   bool unrepeated() const { return unrepeated_.load(std::memory_order_relaxed); }

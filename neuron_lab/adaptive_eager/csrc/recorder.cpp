@@ -118,15 +118,23 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   const int hits = std::popcount(window_);
   if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true);
   // Half misses or more, of small ops: a decoding loop's fixed-shape prefix hits, the
-  // rest of each step grows.
+  // rest of each step grows. Both the hits and the misses must be small: a training loop's
+  // graphs that hit, followed by a generate() call's that miss, are a program that changed
+  // (the rule above sees it once the misses fill the window).
   if (hits <= kMaxHitsOfSmallOps) {
-    int64_t ops = 0, bytes = 0;
-    for (int i = 0; i < kWindow; ++i) ops += launch_ops_[i], bytes += launch_bytes_[i];
-    if (ops > 0 && bytes < kSmallOpBytes * ops) set_unrepeated_locked(true, bytes / ops);
+    std::array<int64_t, 2> ops{}, bytes{};  // [miss, hit]
+    for (int ago = 0; ago < kWindow; ++ago) {
+      const int hit = static_cast<int>((window_ >> ago) & 1u);
+      const int slot = (next_launch_ + kWindow - 1 - ago) % kWindow;
+      ops[hit] += launch_ops_[slot];
+      bytes[hit] += launch_bytes_[slot];
+    }
+    const bool small = bytes[0] < kSmallOpBytes * ops[0] && bytes[1] < kSmallOpBytes * ops[1];
+    if (small && ops[0] + ops[1] > 0) set_unrepeated_locked(true, (bytes[0] + bytes[1]) / (ops[0] + ops[1]));
   }
 }
 
-void RepeatTracker::note_host_wait() {
+void RepeatTracker::note_host_wait(Reason reason) {
   if (!unrepeated_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(mutex_);
   if (probing_.load()) {
@@ -141,7 +149,11 @@ void RepeatTracker::note_host_wait() {
     }
     return;
   }
-  if (++waits_ >= probe_every_) {
+  // A probe starts at a wait of the program's own (a value read back, a synchronize), never
+  // at the wait a random op run at once makes so that it draws in order: that one falls in
+  // the middle of a step (a dropout), where no cached graph starts, so a probe begun there
+  // always missed (a training loop after generate() ran at once for 6 to 12 steps).
+  if (++waits_ >= probe_every_ && reason != Reason::RandomOp) {
     waits_ = 0;
     probing_ = true;
   }
@@ -742,7 +754,7 @@ bool try_copy_from_host(const at::Tensor& dst, const at::Tensor& src) {
 
 void note_sync(Reason reason, std::string_view what) {
   counters().count_sync(reason, what);
-  repeats().note_host_wait();
+  repeats().note_host_wait(reason);
 }
 
 void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what) {
@@ -759,7 +771,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
     }
     return;
   }
-  repeats().note_host_wait();
+  repeats().note_host_wait(reason);
   const std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
   auto& c = counters();
   c.inline_ops.fetch_add(1, std::memory_order_relaxed);
