@@ -919,6 +919,11 @@ def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     assert c["cache_hits"] == c["graph_launches"] > 0
 
 
+def _policy_events(since_ns: int) -> list:
+    """The runtime's policy events since `since_ns`: earlier tests' events are not this one's."""
+    return [e for e in neuron_lab.observability.records.events_since(since_ns) if e.kind == "policy"]
+
+
 def _three_stretches(x: torch.Tensor, cut: bool) -> torch.Tensor:
     """Three stretches of 40 elementwise ops; with `cut`, a host wait after each."""
     y = x
@@ -954,13 +959,14 @@ def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
     torch.neuron.synchronize()
     ae.clear_graph_cache()
     ae.reset_counters()
+    start = neuron_lab.observability.records.now_ns()
     assert _launches_per_iteration(x, 1, cut=True) == [3]
     assert ae.counters()["graphs_built"] == 3
     launches = _launches_per_iteration(x, 8, cut=False)
     assert launches[:2] == [3, 3] and launches[2:] == [2] * 6, launches
     c = ae.counters()
     assert c["graph_joins"] == 1 and c["graphs_built"] == 4, c
-    joins = [e for e in neuron_lab.observability.records.events_since(0) if e.what == "graphs joined"]
+    joins = [e for e in _policy_events(start) if e.what == "graphs joined"]
     assert joins and "40 ops from aten::sin" in joins[-1].detail and "graph of 40 ops" in joins[-1].detail
 
 
@@ -1048,20 +1054,21 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
     and records again once a probe finds a repeating graph."""
     ae.clear_graph_cache()
     ae.reset_counters()
+    start = neuron_lab.observability.records.now_ns()
     w = torch.randn(8, 8, device="neuron")
     for n in range(1, 61):  # every step a new length: 60 new graphs if recorded
         _step_of_length(n, w)
     c = ae.counters()
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
     assert c["graphs_built"] < 50, c["graphs_built"]  # the first stretch, then probes only
-    events = [e for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    events = _policy_events(start)
     assert events and events[-1].what == "ops run at once" and "repeated" in events[-1].detail
     x = torch.randn(4, 8, device="neuron")
     for _ in range(80):  # now the same step every time: a probe hits, recording resumes
         (torch.tanh(x @ w) * 2 + 1).sum().item()
     c = ae.counters()
     assert not c["graphs_unrepeated"] and c["cache_hits"] > 0
-    switches = [e.what for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    switches = [e.what for e in _policy_events(start)]
     resumed = switches.index("ops recorded again")
     assert switches[resumed:] == ["ops recorded again"], switches  # resumed once, and stayed
     before = c["ops_run_at_once"]
@@ -1172,10 +1179,11 @@ def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
     grows, so half the graphs repeat. With ops this small the device has nothing to compute
     while the host records, and recording only adds to the work: ops run at once (the old
     rule, at most 4 of 32 hits, recorded a new graph every step)."""
+    start = neuron_lab.observability.records.now_ns()
     c = _decode_counters(torch.randn(4, 8, device="neuron"), torch.randn(8, 8, device="neuron"), steps=80)
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > 0
     assert c["graphs_built"] < 50, c["graphs_built"]
-    events = [e for e in neuron_lab.observability.records.events_since(0) if e.kind == "policy"]
+    events = _policy_events(start)
     assert events and events[-1].what == "ops run at once", events
     assert "at most half of the last 32 graphs repeated and their ops are small" in events[-1].detail
 
