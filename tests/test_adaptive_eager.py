@@ -834,6 +834,49 @@ def test_dropout_is_recorded_and_draws_the_cpus_masks() -> None:
     assert ae.counters()["syncs"].get("aten::native_dropout", 0) == 0
 
 
+def _dropout_step(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, p: float) -> tuple[torch.Tensor, ...]:
+    """Dropout forward and backward on a dense gradient, as in a training step."""
+    torch.manual_seed(11)
+    x = x.detach().requires_grad_(True)
+    y = torch.nn.functional.dropout(x * w, p)
+    (y * g).sum().backward()
+    return y.detach().cpu(), x.grad.cpu()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
+def test_dropout_forward_and_backward_give_the_cpus_bits(dtype: torch.dtype, layout: str) -> None:
+    """Dropout's pointwise part runs as one fused op (neuron::dropout_apply, and
+    neuron::masked_scale in the backward): bit for bit the CPU's results, signed zeros and
+    the NaN of inf * 0 included, for dense inputs in any order and (unfused) strided ones."""
+    base = torch.randn(48, 40, dtype=dtype)
+    base.view(-1)[:4] = torch.tensor([float("inf"), float("nan"), -2.0, -0.0], dtype=dtype)
+    x = {"contiguous": base, "transposed": base.t(), "strided": base[:, ::2]}[layout]
+    w, g = torch.randn(x.shape, dtype=dtype), torch.randn(x.shape, dtype=dtype)
+    for p in (0.1, 0.5, 1.0):
+        expected = _dropout_step(x, w, g, p)
+        actual = _dropout_step(x.to("neuron"), w.to("neuron"), g.to("neuron"), p)
+        for a, e in zip(actual, expected):
+            assert torch.equal(_bits(a), _bits(e)), (layout, p)
+
+
+def test_dropout_records_its_fused_ops() -> None:
+    """A recorded training step holds the draws and one fused op per dropout direction, not
+    ATen's `mask.to(dtype)`, multiply, multiply (a pass and a temporary each)."""
+    x, w, g = (torch.randn(64, 32, device="neuron") for _ in range(3))
+    for _ in range(3):
+        _dropout_step(x, w, g, 0.2)
+    with neuron_lab.profiler.profile() as prof:
+        _dropout_step(x, w, g, 0.2)
+    ops = [o.name for launch in prof.launches for o in launch.ops]
+    assert "neuron::dropout_apply" in ops and "neuron::masked_scale" in ops, ops
+    assert "aten::native_dropout_backward" not in ops and "aten::_to_copy" not in ops, ops
+
+
 @pytest.mark.parametrize("compile_tier", [False, True], ids=["replay", "compile-allowed"])
 def test_a_hot_graph_with_dropout_keeps_eager_numbers(compile_tier: bool) -> None:
     neuron_lab.configure(compile_after=2, compile=compile_tier)

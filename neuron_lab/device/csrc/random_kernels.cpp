@@ -6,8 +6,16 @@
 // explicitly: the same numbers as the CPU's for the same seed, and each step an
 // ordinary op, so adaptive eager records them (a training step with dropout stays one
 // graph, with no host wait) and replays the draws in stream order.
+//
+// Dropout's pointwise part is one fused op (neuron::dropout_apply, and neuron::masked_scale
+// in its backward) where it applies.
 #include "runtime.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
@@ -15,6 +23,113 @@
 
 namespace neuron {
 namespace {
+
+// ---- dropout's fused pointwise ops (CPU kernels, run by the fallback on device memory) -----
+//
+// ATen's `x.mul(mask).mul_(scale)` with a bool mask first converts the mask to x's dtype
+// in a temporary (mixed dtypes on the CPU), a pass and an allocation as long as x, then
+// multiplies twice. These compute the same two roundings per element, (x * m) * scale, in
+// one pass: m is exactly 0 or 1 in any dtype, and the scale is rounded to x's dtype first,
+// as ATen's mul rounds a scalar.
+
+// Whether the fused loop applies: a float or double input, every other tensor of its
+// shape and strides, dense (its elements one block of memory, in any order).
+bool dropout_fusable(const at::Tensor& input, std::initializer_list<const at::Tensor*> others = {}) {
+  if (input.scalar_type() != at::kFloat && input.scalar_type() != at::kDouble) return false;
+  if (!input.is_non_overlapping_and_dense()) return false;
+  for (const at::Tensor* t : others) {
+    if (t->sizes() != input.sizes() || t->strides() != input.strides()) return false;
+  }
+  return true;
+}
+
+// The loops, vectorized (O3; AVX2 where the CPU has it, chosen at load time): the
+// extension's -O2 leaves loops of mixed types scalar, 5-10x slower than ATen's multiply.
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#define NEURON_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+
+// out = (x * draw) * scale and keep = draw != 0, from int32 draws of 0 or 1.
+template <typename scalar_t>
+NEURON_VECTOR_CLONES void apply_draws(const scalar_t* __restrict x, const int32_t* __restrict draws,
+                                      scalar_t* __restrict out, bool* __restrict keep, scalar_t scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t draw = draws[i];
+    out[i] = (x[i] * static_cast<scalar_t>(draw)) * scale;
+    keep[i] = draw != 0;
+  }
+}
+
+// out = (x * mask) * scale, with a bool mask (its bytes 0 or 1, as ATen converts them).
+template <typename scalar_t>
+NEURON_VECTOR_CLONES void apply_mask(const scalar_t* __restrict x, const uint8_t* __restrict mask,
+                                     scalar_t* __restrict out, scalar_t scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * static_cast<scalar_t>(mask[i])) * scale;
+}
+
+#undef NEURON_VECTOR_CLONES
+#pragma GCC pop_options
+
+void check_fusable(const char* op, const at::Tensor& input, std::initializer_list<const at::Tensor*> others) {
+  TORCH_CHECK(dropout_fusable(input, others), op, ": takes a dense float or double input and tensors of its "
+              "shape and strides (got ", input.scalar_type(), input.sizes(), " with strides ", input.strides(), ")");
+}
+
+std::tuple<at::Tensor&, at::Tensor&> dropout_apply_out(const at::Tensor& input, const at::Tensor& draws,
+                                                      double scale, at::Tensor& out, at::Tensor& mask) {
+  check_fusable("neuron::dropout_apply", input, {&draws, &out, &mask});
+  TORCH_CHECK(draws.scalar_type() == at::kInt && mask.scalar_type() == at::kBool && out.dtype() == input.dtype(),
+              "neuron::dropout_apply: takes int32 draws and writes a bool mask and a result of the input's dtype");
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "neuron::dropout_apply", [&] {
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
+    const int32_t* d = draws.const_data_ptr<int32_t>();
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    bool* keep = mask.mutable_data_ptr<bool>();
+    at::parallel_for(0, input.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+      apply_draws<scalar_t>(x + begin, d + begin, o + begin, keep + begin, static_cast<scalar_t>(scale), end - begin);
+    });
+  });
+  return {out, mask};
+}
+
+std::tuple<at::Tensor, at::Tensor> dropout_apply(const at::Tensor& input, const at::Tensor& draws, double scale) {
+  auto out = at::empty_like(input);
+  auto mask = at::empty_like(input, input.options().dtype(at::kBool));
+  dropout_apply_out(input, draws, scale, out, mask);
+  return {out, mask};
+}
+
+at::Tensor& masked_scale_out(const at::Tensor& input, const at::Tensor& mask, double scale, at::Tensor& out) {
+  check_fusable("neuron::masked_scale", input, {&mask, &out});
+  TORCH_CHECK(mask.scalar_type() == at::kBool && out.dtype() == input.dtype(),
+              "neuron::masked_scale: takes a bool mask and writes a result of the input's dtype");
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "neuron::masked_scale", [&] {
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
+    const auto* m = reinterpret_cast<const uint8_t*>(mask.const_data_ptr<bool>());
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, input.numel(), at::internal::GRAIN_SIZE, [&](int64_t begin, int64_t end) {
+      apply_mask<scalar_t>(x + begin, m + begin, o + begin, static_cast<scalar_t>(scale), end - begin);
+    });
+  });
+  return out;
+}
+
+at::Tensor masked_scale(const at::Tensor& input, const at::Tensor& mask, double scale) {
+  auto out = at::empty_like(input);
+  masked_scale_out(input, mask, scale, out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> dropout_apply_meta(const at::Tensor& input, const at::Tensor& draws,
+                                                      double scale) {
+  return {at::empty_like(input), at::empty_like(input, input.options().dtype(at::kBool))};
+}
+
+at::Tensor masked_scale_meta(const at::Tensor& input, const at::Tensor& mask, double scale) {
+  return at::empty_like(input);
+}
+
+// ---- native_dropout on neuron tensors ----------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
   // What the CPU kernel does, step for step (ATen's native_dropout_cpu).
@@ -24,14 +139,60 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   }
   const double keep = 1. - p;
   const double scale = keep == 0 ? 0. : 1. / keep;
+  const at::Generator& generator = default_generator(input.device().index());
+  if (dropout_fusable(input)) {
+    // The same draws (bernoulli_ draws 0 or 1 into int32 for any dtype, then converts),
+    // applied in one pass.
+    auto draws = at::empty_like(input, input.options().dtype(at::kInt));
+    draws.bernoulli_(keep, generator);
+    static const auto apply = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("neuron::dropout_apply", "")
+                                  .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                            double)>();
+    return apply.call(input, draws, scale);
+  }
   auto mask = at::empty_like(input, input.options().dtype(at::kBool));
-  mask.bernoulli_(keep, default_generator(input.device().index()));
+  mask.bernoulli_(keep, generator);
   auto output = input.mul(mask).mul_(scale);
   return {output, mask};
 }
 
+at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mask, double scale) {
+  // ATen's kernel: grad * mask * scale.
+  if (dropout_fusable(grad, {&mask}) && mask.scalar_type() == at::kBool) {
+    static const auto apply = c10::Dispatcher::singleton()
+                                  .findSchemaOrThrow("neuron::masked_scale", "")
+                                  .typed<at::Tensor(const at::Tensor&, const at::Tensor&, double)>();
+    return apply.call(grad, mask, scale);
+  }
+  return grad * mask * scale;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("native_dropout", TORCH_FN(native_dropout)); }
+TORCH_LIBRARY(neuron, m) {
+  m.def("dropout_apply(Tensor self, Tensor draws, float scale) -> (Tensor, Tensor)");
+  m.def("dropout_apply.out(Tensor self, Tensor draws, float scale, *, Tensor(a!) out, Tensor(b!) mask) -> "
+        "(Tensor(a!), Tensor(b!))");
+  m.def("masked_scale(Tensor self, Tensor mask, float scale) -> Tensor");
+  m.def("masked_scale.out(Tensor self, Tensor mask, float scale, *, Tensor(a!) out) -> Tensor(a!)");
+}
+
+TORCH_LIBRARY_IMPL(neuron, CPU, m) {
+  m.impl("dropout_apply", TORCH_FN(dropout_apply));
+  m.impl("dropout_apply.out", TORCH_FN(dropout_apply_out));
+  m.impl("masked_scale", TORCH_FN(masked_scale));
+  m.impl("masked_scale.out", TORCH_FN(masked_scale_out));
+}
+
+TORCH_LIBRARY_IMPL(neuron, Meta, m) {
+  m.impl("dropout_apply", TORCH_FN(dropout_apply_meta));
+  m.impl("masked_scale", TORCH_FN(masked_scale_meta));
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_dropout", TORCH_FN(native_dropout));
+  m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
+}
 
 }  // namespace neuron

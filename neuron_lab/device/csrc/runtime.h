@@ -7,7 +7,8 @@
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
 //   cuda_parity.cpp  ops CUDA runs for more dtypes than the CPU kernels (integer histc)
-//   random_kernels.cpp  random ops that draw from the core's generator (native_dropout)
+//   random_kernels.cpp  random ops that draw from the core's generator (native_dropout), and
+//                  dropout's fused pointwise ops (neuron::dropout_apply, neuron::masked_scale)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
 //   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
