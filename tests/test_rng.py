@@ -156,3 +156,49 @@ def test_a_state_of_another_size_is_a_clear_error() -> None:
         torch.neuron.set_rng_state(torch.zeros(7, dtype=torch.uint8))
     with pytest.raises(ValueError, match="0 <= seed < 2\\*\\*64"):
         torch.neuron.offset_rng_state(-1)
+
+
+def _cpu_vendor() -> str:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.float64, torch.bool, torch.bfloat16])
+def test_bernoulli_draws_the_cpus_elements_and_leaves_its_state(dtype: torch.dtype) -> None:
+    """neuron's bernoulli_ draws ATen's elements a state twist at a time: the CPU's elements
+    for a seed, across twists (624 words) and at the edges p = 0 and 1, and the generator
+    left where the CPU's is (the draws after them match too). Contiguous tensors of the
+    bulk dtypes are drawn in bulk where ATen itself does not use MKL (AMD); the rest by
+    ATen's kernel."""
+    from neuron_lab.device import trace
+
+    def draws(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(31)
+        out = []
+        for n, p in [(1, 0.5), (311, 0.1), (5000, 0.73), (64, 0.0), (64, 1.0)]:
+            out.append(torch.empty(n, dtype=dtype, device=device).bernoulli_(p))
+        out.append(torch.empty(40, 30, dtype=dtype, device=device).t().bernoulli_(0.3))  # not contiguous
+        out.append(torch.rand(7, device=device))  # the generator's state after them
+        return [t.cpu() for t in out]
+
+    before = trace.device_counters()["bulk_bernoulli_elements"]
+    for actual, expected in zip(draws("neuron"), draws("cpu")):
+        assert torch.equal(actual, expected)
+    bulk = trace.device_counters()["bulk_bernoulli_elements"] - before
+    if dtype == torch.bfloat16 or _cpu_vendor() == "GenuineIntel":  # ATen's kernel (MKL's on Intel)
+        assert bulk == 0
+    else:
+        assert bulk == 1 + 311 + 5000 + 64 + 64
+
+
+def test_bernoulli_with_a_neuron_generator_and_bad_p() -> None:
+    g = torch.Generator(device="neuron").manual_seed(5)
+    c = torch.Generator().manual_seed(5)
+    x = torch.empty(1000, device="neuron").bernoulli_(0.25, generator=g)
+    assert torch.equal(x.cpu(), torch.empty(1000).bernoulli_(0.25, generator=c))
+    with pytest.raises(RuntimeError, match=r"expects p to be in \[0, 1\]"):
+        x.bernoulli_(1.5)
+    assert torch.equal(x.cpu(), torch.empty(1000).bernoulli_(0.25, generator=torch.Generator().manual_seed(5)))

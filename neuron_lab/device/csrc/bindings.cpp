@@ -200,6 +200,7 @@ PYBIND11_MODULE(_C, m) {
     d["host_to_device_bytes"] = c.host_to_device_bytes.load();
     d["device_to_host_bytes"] = c.device_to_host_bytes.load();
     d["device_to_device_bytes"] = c.device_to_device_bytes.load();
+    d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
     return d;
   });
 }

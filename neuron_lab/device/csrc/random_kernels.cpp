@@ -11,15 +11,21 @@
 // in its backward) where it applies.
 #include "runtime.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/bernoulli.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/ones_like.h>
 #include <torch/library.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
 
 namespace neuron {
 namespace {
@@ -129,7 +135,126 @@ at::Tensor masked_scale_meta(const at::Tensor& input, const at::Tensor& mask, do
   return at::empty_like(input);
 }
 
-// ---- native_dropout on neuron tensors ----------------------------------------------------
+// ---- bernoulli_(p): ATen's draws, generated in bulk ------------------------------------
+//
+// Where ATen's CPU kernel does not use MKL (AMD CPUs), bernoulli_(p) draws one element at
+// a time: two mt19937 words make a 53-bit uniform u = (hi << 32 | lo) & (2^53 - 1), times
+// 2^-53, and the element is u < p; 7 ns an element here, a third of a GPT-2 training step
+// with dropout. The same words, generated a whole twist of the state at a time, and the
+// same comparison (u * 2^-53 < p is v < ceil(p * 2^53) on the integer v, exactly), give the
+// same elements and leave the generator in the same state. A check at first use compares
+// both on a test generator; where they differ (MKL's kernel on Intel CPUs), ATen's runs.
+
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+
+// mt19937's next state: the engine's own recurrence (ATen/core/MT19937RNGEngine.h).
+void twist_state(uint32_t* state) {
+  constexpr int N = at::MERSENNE_STATE_N, M = at::MERSENNE_STATE_M;
+  auto twist = [](uint32_t u, uint32_t v) {
+    return (((u & at::UMASK) | (v & at::LMASK)) >> 1) ^ ((v & 1u) ? at::MATRIX_A : 0u);
+  };
+  for (int i = 0; i < N - M; ++i) state[i] = state[i + M] ^ twist(state[i], state[i + 1]);
+  for (int i = N - M; i < N - 1; ++i) state[i] = state[i + M - N] ^ twist(state[i], state[i + 1]);
+  state[N - 1] = state[M - 1] ^ twist(state[N - 1], state[0]);
+}
+
+// The next n words of the engine whose state is `s`, tempered, into `words`.
+void mt19937_words(at::mt19937_data_pod& s, uint32_t* words, int64_t n) {
+  uint32_t* state = s.state_.data();
+  while (n > 0) {
+    // The engine twists when a call brings `left_` to 0; it then has N words again.
+    if (s.left_ == 1) {
+      twist_state(state);
+      s.left_ = at::MERSENNE_STATE_N + 1;
+      s.next_ = 0;
+    }
+    const int64_t k = std::min<int64_t>(n, s.left_ - 1);
+    const uint32_t* from = state + s.next_;
+    for (int64_t i = 0; i < k; ++i) {
+      uint32_t y = from[i];
+      y ^= (y >> 11);
+      y ^= (y << 7) & 0x9d2c5680u;
+      y ^= (y << 15) & 0xefc60000u;
+      y ^= (y >> 18);
+      words[i] = y;
+    }
+    words += k;
+    n -= k;
+    s.left_ -= static_cast<int>(k);
+    s.next_ += static_cast<uint32_t>(k);
+  }
+}
+
+// Element i: ((w[2i] << 32 | w[2i+1]) & (2^53 - 1)) < threshold.
+template <typename scalar_t>
+void bernoulli_from_words(const uint32_t* __restrict words, scalar_t* __restrict out, uint64_t threshold,
+                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t v = (static_cast<uint64_t>(words[2 * i] & 0x1fffffu) << 32) | words[2 * i + 1];
+    out[i] = static_cast<scalar_t>(v < threshold);
+  }
+}
+
+#pragma GCC pop_options
+
+template <typename scalar_t>
+void fill_bernoulli(at::CPUGeneratorImpl* generator, double p, scalar_t* out, int64_t n) {
+  // u * 2^-53 < p, for u < 2^53: p * 2^53 is exact (p in [0, 1]).
+  const auto threshold = static_cast<uint64_t>(std::ceil(std::ldexp(p, 53)));
+  constexpr int64_t kChunk = 4096;  // elements per batch of words (32 KiB of words)
+  std::vector<uint32_t> words(2 * std::min(n, kChunk));
+  at::mt19937 engine = generator->engine();
+  at::mt19937_data_pod state = engine.data();
+  for (int64_t begin = 0; begin < n; begin += kChunk) {
+    const int64_t len = std::min(kChunk, n - begin);
+    mt19937_words(state, words.data(), 2 * len);
+    bernoulli_from_words(words.data(), out + begin, threshold, len);
+  }
+  engine.set_data(state);
+  generator->set_engine(engine);
+}
+
+// Whether fill_bernoulli makes ATen's elements on this CPU (checked once, on a generator
+// of its own: across twists, from a state part-way through one, for two probabilities).
+bool bulk_bernoulli_matches_aten() {
+  static const bool matches = [] {
+    for (double p : {0.1, 0.73}) {
+      auto ours = at::detail::createCPUGenerator(20261203);
+      auto aten = at::detail::createCPUGenerator(20261203);
+      ours.get<at::CPUGeneratorImpl>()->random();  // start mid-state
+      aten.get<at::CPUGeneratorImpl>()->random();
+      const int64_t n = 3 * at::MERSENNE_STATE_N + 17;
+      auto expected = at::empty({n}, at::kInt).bernoulli_(p, aten);
+      std::vector<int32_t> actual(n);
+      fill_bernoulli(ours.get<at::CPUGeneratorImpl>(), p, actual.data(), n);
+      if (std::memcmp(actual.data(), expected.const_data_ptr<int32_t>(), n * sizeof(int32_t)) != 0) return false;
+      if (ours.get<at::CPUGeneratorImpl>()->random() != aten.get<at::CPUGeneratorImpl>()->random()) return false;
+    }
+    return true;
+  }();
+  return matches;
+}
+
+// neuron::bernoulli_'s CPU kernel: aten::bernoulli_.float's elements, in bulk where they match.
+at::Tensor& bulk_bernoulli_(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  const bool bulk = self.is_contiguous() && self.numel() > 0 && p >= 0 && p <= 1 &&
+                    (self.scalar_type() == at::kInt || self.scalar_type() == at::kFloat ||
+                     self.scalar_type() == at::kDouble || self.scalar_type() == at::kBool) &&
+                    bulk_bernoulli_matches_aten();
+  if (!bulk) return self.bernoulli_(p, generator);  // ATen's kernel (and its errors)
+  auto* gen = at::get_generator_or_default<at::CPUGeneratorImpl>(generator, at::detail::getDefaultCPUGenerator());
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  AT_DISPATCH_SWITCH(self.scalar_type(), "neuron::bernoulli_",
+                     AT_DISPATCH_CASE(at::kInt, [&] { fill_bernoulli(gen, p, self.mutable_data_ptr<int32_t>(), self.numel()); })
+                     AT_DISPATCH_CASE(at::kFloat, [&] { fill_bernoulli(gen, p, self.mutable_data_ptr<float>(), self.numel()); })
+                     AT_DISPATCH_CASE(at::kDouble, [&] { fill_bernoulli(gen, p, self.mutable_data_ptr<double>(), self.numel()); })
+                     AT_DISPATCH_CASE(at::kBool, [&] { fill_bernoulli(gen, p, self.mutable_data_ptr<bool>(), self.numel()); }));
+  op_counters().bulk_bernoulli_elements += static_cast<uint64_t>(self.numel());
+  return self;
+}
+
+// ---- neuron tensors: native_dropout and bernoulli_ ----------------------------------------------------
 
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
   // What the CPU kernel does, step for step (ATen's native_dropout_cpu).
@@ -157,6 +282,18 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, mask};
 }
 
+// aten::bernoulli_.float on neuron: neuron::bernoulli_, recorded like any op with a generator.
+at::Tensor& bernoulli_(at::Tensor& self, double p, std::optional<at::Generator> generator) {
+  // ATen's check, here: a recorded op's error would surface only at the next host wait.
+  TORCH_CHECK(0 <= p && p <= 1, "bernoulli_ expects p to be in [0, 1], but got p=", p);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("neuron::bernoulli_", "")
+                             .typed<at::Tensor&(at::Tensor&, double, std::optional<at::Generator>)>();
+  return op.call(self, p, generator);
+}
+
+at::Tensor& bernoulli_meta_(at::Tensor& self, double p, std::optional<at::Generator> generator) { return self; }
+
 at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mask, double scale) {
   // ATen's kernel: grad * mask * scale.
   if (dropout_fusable(grad, {&mask}) && mask.scalar_type() == at::kBool) {
@@ -176,6 +313,7 @@ TORCH_LIBRARY(neuron, m) {
         "(Tensor(a!), Tensor(b!))");
   m.def("masked_scale(Tensor self, Tensor mask, float scale) -> Tensor");
   m.def("masked_scale.out(Tensor self, Tensor mask, float scale, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("bernoulli_(Tensor(a!) self, float p, *, Generator? generator=None) -> Tensor(a!)");
 }
 
 TORCH_LIBRARY_IMPL(neuron, CPU, m) {
@@ -183,16 +321,19 @@ TORCH_LIBRARY_IMPL(neuron, CPU, m) {
   m.impl("dropout_apply.out", TORCH_FN(dropout_apply_out));
   m.impl("masked_scale", TORCH_FN(masked_scale));
   m.impl("masked_scale.out", TORCH_FN(masked_scale_out));
+  m.impl("bernoulli_", TORCH_FN(bulk_bernoulli_));
 }
 
 TORCH_LIBRARY_IMPL(neuron, Meta, m) {
   m.impl("dropout_apply", TORCH_FN(dropout_apply_meta));
   m.impl("masked_scale", TORCH_FN(masked_scale_meta));
+  m.impl("bernoulli_", TORCH_FN(bernoulli_meta_));
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
+  m.impl("bernoulli_.float", TORCH_FN(bernoulli_));
 }
 
 }  // namespace neuron

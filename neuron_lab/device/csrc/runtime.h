@@ -273,13 +273,14 @@ class HostResults {
   std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;
 };
 
-// Counters the observability layer reads (fallback.cpp).
+// Counters the observability layer reads (fallback.cpp, random_kernels.cpp).
 struct OpCounters {
   std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
   std::atomic<uint64_t> output_copies{0};    // fresh CPU results copied into device memory
   std::atomic<uint64_t> host_to_device_bytes{0};
   std::atomic<uint64_t> device_to_host_bytes{0};
   std::atomic<uint64_t> device_to_device_bytes{0};
+  std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
 };
 OpCounters& op_counters();
 
