@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from conftest import run_in_threads
+from conftest import run_in_threads, run_python
 
 
 
@@ -126,3 +126,42 @@ def test_backward_runs_on_the_calling_thread_where_the_device_was_loaded() -> No
         assert backward_thread(x.detach().requires_grad_()) != threading.get_ident()
     finally:
         backward_on_calling_thread()
+
+
+def test_an_idle_device_thread_gives_its_openmp_workers_back() -> None:
+    """A device thread that ran a parallel region has OpenMP workers of its own; with the
+    host's, libgomp then manages more threads than there are cores and stops letting idle
+    workers spin, and every parallel region of the host wakes its workers with a system call.
+    Idle, the device thread gives its workers back: the process's thread count rises while
+    a launch computes on the device thread, and falls back once the device is idle."""
+    result = run_python(
+        """
+        import os, threading, time, torch
+        torch.set_num_threads(2)
+        def count(): return len(os.listdir("/proc/self/task"))
+        a, b = torch.ones(2048, 2048, device="neuron"), torch.ones(2048, 2048, device="neuron")
+        torch.neuron.synchronize()
+        time.sleep(0.05)  # the device idle: nothing of its own left
+        base = count()
+        out = {}
+        # A host thread that never waits: the device thread computes the product (its 16 MiB
+        # of results are launched to the idle device at once).
+        host = threading.Thread(target=lambda: out.setdefault("c", a @ b))
+        host.start(); host.join()
+        peak, deadline = base, time.monotonic() + 60
+        while time.monotonic() < deadline:
+            n = count()
+            peak = max(peak, n)
+            if peak > base and n <= base:
+                break
+            time.sleep(0.001)
+        assert out["c"][0, 0].item() == 2048.0
+        print(base, peak, count())
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    base, peak, after = map(int, result.stdout.split())
+    # Equal counts: no worker came and went (the device thread kept the workers it had when
+    # it made `a` and `b`, or never ran a parallel region).
+    assert peak > base, f"{base} threads before the product and at most {peak} during it"
+    assert after <= base, f"the idle device thread kept its workers: {after} threads, {base} before"

@@ -14,6 +14,7 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cxxabi.h>
+#include <dlfcn.h>
 
 #include <array>
 #include <chrono>
@@ -206,17 +207,57 @@ Work pop_front(StreamState* s, bool* skip) {
   return work;
 }
 
+// ---- OpenMP workers of an idle device thread ----------------------------------------------
+// Each thread that runs a parallel region (ATen's kernels) gets OpenMP worker threads of its
+// own. Once a device thread has workers, libgomp manages more threads than there are cores
+// and stops letting idle workers spin: every parallel region the host's thread runs after
+// that (ops run at once, CPU work) wakes its workers with a system call (generate() at
+// torch's default thread count: ~3200 context switches for 400 tokens). A device thread
+// idle for kReleaseWorkersAfter gives its workers back (omp_pause_resource_all, per calling
+// thread); the next parallel region it runs starts them again (~0.1 ms).
+constexpr auto kReleaseWorkersAfter = std::chrono::milliseconds(5);
+constexpr auto kReleaseHostWorkersAfter = std::chrono::milliseconds(1);  // a host blocked in a wait (wait_for)
+
+using OmpPauseResourceAll = int (*)(int);
+
+// libgomp's omp_pause_resource_all, from the copy torch loaded (none: another OpenMP, or
+// none, and nothing to release).
+OmpPauseResourceAll omp_pause_resource_all_fn() {
+  static const OmpPauseResourceAll fn = [] {
+    void* symbol = dlsym(RTLD_DEFAULT, "omp_pause_resource_all");
+    if (symbol == nullptr) {
+      if (void* gomp = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD)) symbol = dlsym(gomp, "omp_pause_resource_all");
+    }
+    return reinterpret_cast<OmpPauseResourceAll>(symbol);
+  }();
+  return fn;
+}
+
+void release_openmp_workers() {
+  constexpr int kOmpPauseSoft = 1;  // omp_pause_soft: threads go, settings stay
+  if (auto pause = omp_pause_resource_all_fn()) pause(kOmpPauseSoft);
+}
+
 void device_thread_main(StreamState* s) {
   tl_on_device_thread = true;
+  bool workers_may_run = true;  // this thread may have OpenMP workers (it has run a launch)
   for (;;) {
     Work work;
     bool skip = false;
     {
       std::unique_lock<std::mutex> lock(s->mutex);
-      s->work_ready.wait(lock, [&] { return !s->queue.empty() && !s->running; });
+      const auto ready = [&] { return !s->queue.empty() && !s->running; };
+      if (workers_may_run && !s->work_ready.wait_for(lock, kReleaseWorkersAfter, ready)) {
+        lock.unlock();
+        release_openmp_workers();
+        workers_may_run = false;
+        lock.lock();
+      }
+      s->work_ready.wait(lock, ready);
       work = pop_front(s, &skip);
     }
     execute(s, work, skip);
+    workers_may_run = true;
   }
 }
 
@@ -411,6 +452,7 @@ void wait_for(StreamState& s, uint64_t seq) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
+    bool host_workers_kept = true;
     while (s.completed.load(std::memory_order_acquire) < seq) {
       // Rather than wake the device thread and sleep until it is done, a host
       // thread runs the launches it waits for itself when nothing is executing:
@@ -426,7 +468,17 @@ void wait_for(StreamState& s, uint64_t seq) {
         lock.lock();
         continue;
       }
-      s.work_done.wait(lock);
+      // A host blocked on a device that computes gives its OpenMP workers back, as an idle
+      // device thread does: the device thread's parallel regions then keep their spinning
+      // workers. Only once the wait has lasted, so that short waits cost nothing.
+      if (!host_workers_kept) {
+        s.work_done.wait(lock);
+      } else if (s.work_done.wait_for(lock, kReleaseHostWorkersAfter) == std::cv_status::timeout) {
+        lock.unlock();
+        release_openmp_workers();
+        host_workers_kept = false;
+        lock.lock();
+      }
     }
   }
   std::exception_ptr error;
