@@ -757,6 +757,19 @@ void note_sync(Reason reason, std::string_view what) {
   repeats().note_host_wait(reason);
 }
 
+namespace {
+// An op about to run inline: a host wait for the repeat policy, and a count by op.
+std::string count_inline_op(Reason reason, std::string_view what) {
+  repeats().note_host_wait(reason);
+  std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
+  auto& c = counters();
+  c.inline_ops.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.inline_by_op[trigger] += 1;
+  return trigger;
+}
+}  // namespace
+
 void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what) {
   const bool at_once = std::exchange(tl_run_at_once, false) ||
                        (tl_in_at_once_kernel && reason == Reason::MetadataChange);
@@ -771,14 +784,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
     }
     return;
   }
-  repeats().note_host_wait(reason);
-  const std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
-  auto& c = counters();
-  c.inline_ops.fetch_add(1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    c.inline_by_op[trigger] += 1;
-  }
+  const std::string trigger = count_inline_op(reason, what);
   // Blocking mode, or a kernel on a device thread: nothing is queued behind this work.
   if (mode() == Mode::Blocking || on_device_thread()) {
     for (const auto& t : tensors) {
@@ -817,6 +823,34 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
   }
 }
 
+// The device's unboxed path for hot ops: try_record's decision to run an op at once and
+// prepare_inline's readying of its tensors, without the boxed stack between them.
+bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view what) {
+  forget_lesson();
+  tl_run_at_once = false;
+  tl_in_at_once_kernel = false;
+  if (on_device_thread() || tensors.empty()) return false;  // a replay's kernels keep the boxed path
+  if (mode() == Mode::Blocking) {
+    count_inline_op(Reason::InlineOp, what);
+    for (const at::Tensor* t : tensors) materialize(t->storage());
+    return true;
+  }
+  if (mode() != Mode::Adaptive || tl_in_torch_compile_graph || !repeats().run_at_once() ||
+      !policy().run_unrepeated_at_once.load(std::memory_order_relaxed) ||
+      g_buffered_records.load(std::memory_order_acquire) != 0 ||
+      !stream_idle(stream_state(current_stream(tensors.front()->device().index())))) {
+    return false;
+  }
+  g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  tl_in_at_once_kernel = true;
+  for (const at::Tensor* t : tensors) {
+    wait_for_storage(t->storage());
+    materialize(t->storage());
+  }
+  return true;
+}
+
 // ---- the device's interceptor (neuron_lab/device/csrc/interceptor.h) -------------------
 
 namespace {
@@ -834,6 +868,10 @@ class Recorder final : public OpInterceptor {
   void before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what) override {
     prepare_inline(tensors, reason, what);
   }
+  bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view what) override {
+    return lazy::begin_unboxed_op(tensors, what);
+  }
+  void end_unboxed_op() override { tl_in_at_once_kernel = false; }
   void check_readable(const at::Tensor& t) override { lazy::check_readable(t); }
   void note_written(const at::Tensor& t) override { lazy::note_written(t); }
   void after_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) override {

@@ -80,6 +80,28 @@ at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
   return out;
 }
 
+at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_view) {
+  auto v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(neuron_base.storage()),
+                                                    neuron_base.key_set(), host_view.dtype());
+  v.unsafeGetTensorImpl()->set_sizes_and_strides(host_view.sizes(), host_view.strides(), host_view.storage_offset());
+  return v;
+}
+
+void write_back(const at::Tensor& original, const at::Tensor& host) {
+  if (host.storage().data() != original.storage().data() || host.storage().nbytes() != original.storage().nbytes()) {
+    if (host.storage().nbytes() > original.storage().nbytes()) {
+      resize_storage_bytes(original.storage(), host.storage().nbytes());
+    }
+    if (host.storage().nbytes() > 0) {
+      std::memcpy(original.storage().mutable_data(), host.storage().data(), host.storage().nbytes());
+    }
+  }
+  if (host.sizes() != original.sizes() || host.strides() != original.strides() ||
+      host.storage_offset() != original.storage_offset()) {
+    original.unsafeGetTensorImpl()->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+  }
+}
+
 void HostResults::add_input(const at::Tensor& host_alias, const at::Tensor& input) {
   if (host_alias.defined() && host_alias.has_storage()) inputs_.emplace(host_alias.storage().unsafeGetStorageImpl(), input);
 }
@@ -190,7 +212,7 @@ class Call {
     const void* data = t.storage().data();
     if (data != nullptr) {
       for (const auto& a : aliased_) {
-        if (a.host.storage().data() == data) return view_of(a.original, t);
+        if (a.host.storage().data() == data) return neuron_view_of(a.original, t);
       }
     }
     return to_device(t, device());
@@ -200,34 +222,11 @@ class Call {
   // resized or restrided gets the same change on the device.
   void write_back() {
     for (auto& a : aliased_) {
-      if (!a.is_write) continue;
-      auto* dst = a.original.unsafeGetTensorImpl();
-      const auto& host = a.host;
-      if (host.storage().data() != a.original.storage().data() ||
-          host.storage().nbytes() != a.original.storage().nbytes()) {
-        if (host.storage().nbytes() > a.original.storage().nbytes()) {
-          resize_storage_bytes(a.original.storage(), host.storage().nbytes());
-        }
-        if (host.storage().nbytes() > 0) {
-          std::memcpy(a.original.storage().mutable_data(), host.storage().data(), host.storage().nbytes());
-        }
-      }
-      if (host.sizes() != a.original.sizes() || host.strides() != a.original.strides() ||
-          host.storage_offset() != a.original.storage_offset()) {
-        dst->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
-      }
+      if (a.is_write) neuron::write_back(a.original, a.host);
     }
   }
 
  private:
-  static at::Tensor view_of(const at::Tensor& base, const at::Tensor& host_view) {
-    auto v = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
-                                                      base.key_set(), host_view.dtype());
-    v.unsafeGetTensorImpl()->set_sizes_and_strides(host_view.sizes(), host_view.strides(),
-                                                   host_view.storage_offset());
-    return v;
-  }
-
   const c10::OperatorHandle& op_;
   c10::SmallVector<Aliased, 8> aliased_;
   std::optional<c10::Device> device_;

@@ -23,6 +23,11 @@ void OpInterceptor::before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason
   }
 }
 
+bool OpInterceptor::begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view /*what*/) {
+  for (const at::Tensor* t : tensors) materialize(t->storage());
+  return true;
+}
+
 OpInterceptor& interceptor() {
   OpInterceptor* runtime = g_interceptor.load(std::memory_order_acquire);
   return runtime != nullptr ? *runtime : run_at_once();

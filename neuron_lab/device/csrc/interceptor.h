@@ -39,6 +39,13 @@ class OpInterceptor {
   // for, and pending memory is given device memory. The default only does the last.
   // `what` names the op or kernel, if any.
   virtual void before_host_access(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::string_view what);
+  // A hot op about to run now on this thread through the device's unboxed path
+  // (unboxed_ops.cpp), which skips boxing its arguments: true if the runtime would run
+  // it at once anyway and has readied these tensors as before_host_access would;
+  // false: take the boxed fallback (which may record it). end_unboxed_op follows a
+  // true, after the kernel. The default runs everything now.
+  virtual bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view what);
+  virtual void end_unboxed_op() {}
   // Raises if a tensor's value was never computed (a launch that should have written it
   // failed). The default has nothing to check.
   virtual void check_readable(const at::Tensor& t) {}

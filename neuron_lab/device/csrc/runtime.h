@@ -233,6 +233,12 @@ at::Tensor host_view(const at::Tensor& t);
 at::Tensor host_alias_sharing(const at::Tensor& neuron_tensor, c10::Storage host_storage);
 // A new neuron tensor on `device` holding a copy of a CPU tensor.
 at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device);
+// A neuron view of `neuron_base`'s storage shaped as `host_view`, a CPU kernel's view
+// of the base's host alias.
+at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_view);
+// After a kernel wrote through `host`, the host alias of the neuron tensor `original`:
+// a resize or restride the kernel made to the alias is made to `original` too.
+void write_back(const at::Tensor& original, const at::Tensor& host);
 
 // ---- host kernels that allocate device memory (allocator.cpp) -----------------
 // While alive, CPU tensors allocated on this thread take memory of NeuronCore
