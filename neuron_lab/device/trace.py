@@ -101,6 +101,6 @@ def reset_launch_times() -> None:
 def device_counters() -> dict[str, int]:
     """The device's own counters since start: ``host_to_device_bytes``, ``device_to_host_bytes``,
     ``device_to_device_bytes`` (copies), ``fallback_ops`` (ops run by the CPU fallback),
-    ``output_copies`` and ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state
+    ``unboxed_ops`` (of those, the hot ops that skipped boxing their arguments), ``output_copies`` and ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state
     twist at a time: ATen's draws, faster)."""
     return dict(_C.counters())

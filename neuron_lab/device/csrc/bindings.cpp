@@ -196,6 +196,7 @@ PYBIND11_MODULE(_C, m) {
     auto& c = neuron::op_counters();
     py::dict d;
     d["fallback_ops"] = c.fallback_ops.load();
+    d["unboxed_ops"] = c.unboxed_ops.load();
     d["output_copies"] = c.output_copies.load();
     d["host_to_device_bytes"] = c.host_to_device_bytes.load();
     d["device_to_host_bytes"] = c.device_to_host_bytes.load();

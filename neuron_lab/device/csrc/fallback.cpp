@@ -404,7 +404,7 @@ namespace neuron {
 // a structured wrapper that makes the CPU out= kernel warn about resizing. The
 // CPU kernel, through the fallback, keeps results identical to the CPU's.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  for (const char* name : {"mse_loss", "native_layer_norm", "native_group_norm", "addr", "addr.out",
+  for (const char* name : {"mse_loss", "native_group_norm", "addr", "addr.out",
                            "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }

@@ -282,6 +282,7 @@ class HostResults {
 // Counters the observability layer reads (fallback.cpp, random_kernels.cpp).
 struct OpCounters {
   std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
+  std::atomic<uint64_t> unboxed_ops{0};      // of those, run by the unboxed path (unboxed_ops.cpp)
   std::atomic<uint64_t> output_copies{0};    // fresh CPU results copied into device memory
   std::atomic<uint64_t> host_to_device_bytes{0};
   std::atomic<uint64_t> device_to_host_bytes{0};

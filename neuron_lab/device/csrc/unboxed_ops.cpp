@@ -1,0 +1,307 @@
+// The unboxed path: the hottest ops run now without the boxed fallback's stack.
+//
+// The boxed fallback (fallback.cpp) serves every op, but it pays for its generality on
+// each call: the dispatcher copies the arguments into a stack of IValues, and since
+// torch 2.11 a C++ copy of a tensor that only Python holds takes the GIL to keep its
+// Python object alive (and again when the stack is dropped), while the op's Python
+// binding has released it. For a small op in a decoding loop that costs as much as the
+// CPU kernel itself.
+//
+// The ops below get a kernel of their own signature. When the runtime above would run
+// the op at once anyway (blocking mode, or adaptive eager while nothing repeats:
+// interceptor().begin_unboxed_op), the kernel gives the CPU kernel host aliases of
+// its arguments straight from the caller's references, and maps the results back as
+// the fallback does. Otherwise, or when an argument is not a neuron tensor of one
+// device, it boxes the call and hands it to the fallback, which may record it: the
+// same results either way, since both run the same CPU kernel on the same memory.
+#include "interceptor.h"
+#include "runtime.h"
+
+#include <ATen/core/boxing/KernelFunction.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/add_ops.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/arange_ops.h>
+#include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/baddbmm_ops.h>
+#include <ATen/ops/bitwise_and_ops.h>
+#include <ATen/ops/bitwise_not_ops.h>
+#include <ATen/ops/bitwise_or_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/cat_ops.h>
+#include <ATen/ops/div_ops.h>
+#include <ATen/ops/eq_ops.h>
+#include <ATen/ops/exp_ops.h>
+#include <ATen/ops/fill_ops.h>
+#include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/index_select_ops.h>
+#include <ATen/ops/isin_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/mm_ops.h>
+#include <ATen/ops/mul_ops.h>
+#include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/neg_ops.h>
+#include <ATen/ops/pow_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sub_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/where_ops.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+
+namespace neuron {
+namespace {
+
+// ---- one call's tensors ----------------------------------------------------------
+
+// The neuron tensors of one call, found before anything is made: whether the call can
+// take the unboxed path, and what the runtime must make ready for it.
+struct CallTensors {
+  c10::SmallVector<const at::Tensor*, 8> all;
+  c10::SmallVector<const at::Tensor*, 2> written;
+  c10::DeviceIndex device = -1;
+  bool unboxable = true;  // every tensor a neuron tensor of one device
+
+  void add(const at::Tensor& t, bool is_written) {
+    if (!t.defined()) return;
+    // A CPU scalar (`x + 1` wraps its 1 as one) goes to the CPU kernel as it is.
+    if (!is_written && t.device().type() == c10::DeviceType::CPU && t.dim() == 0) return;
+    if (t.device().type() != kNeuron || (device >= 0 && t.device().index() != device)) {
+      unboxable = false;  // the fallback says what is wrong, or takes the CPU scalar
+      return;
+    }
+    device = t.device().index();
+    all.push_back(&t);
+    if (is_written) written.push_back(&t);
+  }
+  bool is_written(const at::Tensor& t) const {
+    for (const at::Tensor* w : written) {
+      if (w->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
+    }
+    return false;
+  }
+};
+
+template <class T>
+void collect(CallTensors&, const T&) {}
+void collect(CallTensors& c, const at::Tensor& t) { c.add(t, false); }
+void collect(CallTensors& c, at::Tensor& t) { c.add(t, true); }  // out= and in-place arguments
+void collect(CallTensors& c, const std::optional<at::Tensor>& t) {
+  if (t.has_value()) c.add(*t, false);
+}
+void collect(CallTensors& c, const at::ITensorListRef& list) {
+  for (const at::Tensor& t : list) c.add(t, false);
+}
+
+// The host aliases of one call, one host storage per neuron storage (CPU kernels then
+// see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
+class HostCall {
+ public:
+  explicit HostCall(c10::DeviceIndex device) : results_(device) {}
+
+  at::Tensor alias(const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kNeuron) return t;  // a CPU scalar
+    const auto* storage = t.storage().unsafeGetStorageImpl();
+    for (const auto& a : aliases_) {
+      if (a.original->storage().unsafeGetStorageImpl() == storage) return remember(t, host_alias_sharing(t, a.host.storage()));
+    }
+    return remember(t, host_alias(t));
+  }
+
+  // The caller's tensor behind a host alias the kernel returned, if it is one.
+  const at::Tensor* original_of(const at::Tensor& host) const {
+    for (const auto& a : aliases_) {
+      if (a.host.unsafeGetTensorImpl() == host.unsafeGetTensorImpl()) return a.original;
+    }
+    return nullptr;
+  }
+
+  // A result of the kernel as a neuron tensor: an argument, a view of one, or new memory
+  // (adopted when the kernel allocated it in device memory, else copied).
+  at::Tensor wrap(const at::Tensor& host) {
+    if (!host.defined() || host.device().type() == kNeuron) return host;
+    if (const at::Tensor* original = original_of(host)) return *original;
+    if (const void* data = host.storage().data(); data != nullptr && !host.is_conj() && !host.is_neg()) {
+      for (const auto& a : aliases_) {
+        if (a.host.storage().data() == data) return neuron_view_of(*a.original, host);
+      }
+    }
+    return results_.adopt(host);
+  }
+
+  // out= and in-place arguments: a resize or restride of their alias reaches them.
+  void write_back_all(const CallTensors& tensors) const {
+    for (const auto& a : aliases_) {
+      if (tensors.is_written(*a.original)) write_back(*a.original, a.host);
+    }
+  }
+
+ private:
+  struct Alias {
+    const at::Tensor* original;  // the caller's, alive for the whole call
+    at::Tensor host;
+  };
+  at::Tensor remember(const at::Tensor& original, at::Tensor host) {
+    aliases_.push_back({&original, host});
+    return host;
+  }
+  c10::SmallVector<Alias, 8> aliases_;
+  HostResults results_;
+};
+
+// ---- arguments: the caller's, as the CPU kernel takes them ---------------------------
+
+// Anything but a tensor passes as it is.
+template <class A>
+struct HostArg {
+  HostArg(HostCall&, A value) : value(value) {}
+  A get() { return value; }
+  A value;
+};
+template <>
+struct HostArg<const at::Tensor&> {
+  HostArg(HostCall& call, const at::Tensor& t) : host(call.alias(t)) {}
+  const at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct HostArg<at::Tensor&> {
+  HostArg(HostCall& call, at::Tensor& t) : host(call.alias(t)) {}
+  at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct HostArg<const std::optional<at::Tensor>&> {
+  HostArg(HostCall& call, const std::optional<at::Tensor>& t) {
+    if (t.has_value()) host = call.alias(*t);
+  }
+  const std::optional<at::Tensor>& get() { return host; }
+  std::optional<at::Tensor> host;
+};
+template <>
+struct HostArg<const at::ITensorListRef&> {
+  HostArg(HostCall& call, const at::ITensorListRef& list) {
+    hosts.reserve(list.size());
+    for (const at::Tensor& t : list) hosts.push_back(call.alias(t));
+  }
+  at::ITensorListRef get() { return at::ITensorListRef(at::ArrayRef<at::Tensor>(hosts)); }
+  std::vector<at::Tensor> hosts;
+};
+
+// ---- results: the kernel's, as neuron tensors ------------------------------------------
+
+template <class R>
+struct Results;
+template <>
+struct Results<at::Tensor&> {  // out= and in-place ops return an argument
+  static constexpr bool fresh = false;
+  static at::Tensor& wrap(HostCall& call, at::Tensor& host) {
+    const at::Tensor* original = call.original_of(host);
+    TORCH_INTERNAL_ASSERT(original != nullptr, "neuron: an out= kernel returned a tensor that is not its argument");
+    return const_cast<at::Tensor&>(*original);  // the caller passed it as a non-const reference
+  }
+};
+template <>
+struct Results<at::Tensor> {
+  static constexpr bool fresh = true;
+  static at::Tensor wrap(HostCall& call, const at::Tensor& host) { return call.wrap(host); }
+};
+template <class... T>
+struct Results<std::tuple<T...>> {
+  static constexpr bool fresh = (Results<T>::fresh || ...);
+  static std::tuple<T...> wrap(HostCall& call, std::tuple<T...> host) {
+    return std::apply([&](auto&&... h) { return std::tuple<T...>(Results<T>::wrap(call, h)...); }, host);
+  }
+};
+
+// Ends what begin_unboxed_op began, however the kernel returns.
+struct UnboxedScope {
+  ~UnboxedScope() { interceptor().end_unboxed_op(); }
+};
+
+// ---- the kernel -------------------------------------------------------------------------
+
+template <class Op, class Schema = typename Op::schema>
+struct Unboxed;
+
+template <class Op, class R, class... A>
+struct Unboxed<Op, R(A...)> {
+  static R call(A... args) {
+    CallTensors tensors;
+    (collect(tensors, args), ...);
+    if (!tensors.unboxable || tensors.all.empty() || !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
+      return boxed(std::forward<A>(args)...);
+    }
+    UnboxedScope scope;
+    for (const at::Tensor* t : tensors.all) {
+      // Inputs must hold computed values; what the op writes is overwritten.
+      if (!tensors.is_written(*t)) interceptor().check_readable(*t);
+    }
+    const c10::DeviceIndex device = tensors.device;
+    HostCall call(device);
+    std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
+    c10::DeviceGuard guard(c10::Device(kNeuron, device));
+    // Fresh results take device memory while the kernel makes them: adopted, not copied.
+    HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1));
+    LaunchScope launch(device, Op::name, /*synced=*/true);
+    auto&& host_result = std::apply(
+        [](auto&... a) -> R { return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a.get()...); },
+        host_args);
+    op_counters().fallback_ops += 1;
+    op_counters().unboxed_ops += 1;
+    call.write_back_all(tensors);
+    for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
+    return Results<R>::wrap(call, host_result);
+  }
+
+  // The boxed fallback, as the dispatcher would have called it.
+  static R boxed(A... args) {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    static const c10::BoxedKernel fallback = c10::BoxedKernel::makeFromFunction<&neuron_fallback>();
+    return c10::impl::BoxedKernelWrapper<R(A...)>::call(fallback, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        std::forward<A>(args)...);
+  }
+};
+
+template <class Op>
+void register_unboxed(torch::Library& m) {
+  const std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? "." : "") + Op::overload_name;
+  m.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(Unboxed<Op>::call)));
+}
+
+template <class... Ops>
+void register_all(torch::Library& m) {
+  (register_unboxed<Ops>(m), ...);
+}
+
+}  // namespace
+
+// The ops a transformer's forward pass and a decoding loop run most, on the path they
+// take to the device (a structured op's functional form allocates its result and calls
+// its out= form here).
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  namespace ops = at::_ops;
+  register_all<ops::add_out, ops::sub_out, ops::mul_out, ops::div_out, ops::div_out_mode,  // arithmetic
+               ops::pow_Tensor_Scalar_out, ops::pow_Tensor_Tensor_out, ops::neg_out, ops::exp_out, ops::rsqrt_out,
+               ops::addmm_out, ops::mm_out, ops::bmm_out, ops::baddbmm_out,  // matmuls
+               ops::tanh_out, ops::gelu_out, ops::silu_out, ops::sigmoid_out, ops::_softmax_out,  // activations
+               ops::native_layer_norm, ops::_scaled_dot_product_flash_attention_for_cpu,
+               ops::sum_IntList_out, ops::mean_out, ops::argmax_out,  // reductions
+               ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
+               ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
+               ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
+}
+
+}  // namespace neuron

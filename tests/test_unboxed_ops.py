@@ -1,0 +1,215 @@
+"""The device's unboxed path (neuron_lab/device/csrc/unboxed_ops.cpp): the ops a transformer
+and a decoding loop run most skip boxing their arguments when the runtime runs them at once.
+They must give the CPU's bits, keep eager's aliasing, out= and error semantics, and leave
+the runtime as the boxed fallback would: recording where ops repeat, run at once where not."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import neuron_lab
+from neuron_lab import adaptive_eager as ae
+from neuron_lab.device.trace import device_counters
+
+pytestmark = pytest.mark.usefixtures("adaptive_runtime")
+
+
+def unboxed_count() -> int:
+    return device_counters()["unboxed_ops"]
+
+
+def _a(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(*shape).to(dtype)
+
+
+# Each case: a function of CPU tensors, and the tensors. Every op registered on the unboxed path
+# appears, through the functional form users call (which reaches the device's out= kernel).
+CASES = {
+    "add": (lambda a, b: a + b * 0.5, (_a(3, 5), _a(5))),
+    "add_int": (lambda a, b: torch.add(a, b, alpha=3), (torch.arange(12).view(3, 4), torch.arange(4))),
+    "sub": (lambda a, b: torch.sub(a, b, alpha=2), (_a(4, 4), _a(4, 1))),
+    "mul": (lambda a, b: a * b, (_a(2, 3, 4), _a(3, 1))),
+    "div": (lambda a, b: a / (b.abs() + 1), (_a(6), _a(6))),
+    "div_floor": (lambda a, b: torch.div(a, b.abs() + 1, rounding_mode="floor"), (_a(6), _a(6))),
+    "addmm": (lambda b, x, w: torch.addmm(b, x, w, beta=0.5, alpha=2), (_a(7), _a(5, 3), _a(3, 7))),
+    "mm": (lambda x, w: x @ w, (_a(5, 3), _a(3, 7))),
+    "mm_transposed": (lambda x, w: x @ w.T, (_a(5, 3), _a(7, 3))),
+    "bmm": (lambda x, w: torch.bmm(x, w), (_a(2, 5, 3), _a(2, 3, 4))),
+    "baddbmm": (lambda b, x, w: torch.baddbmm(b, x, w, alpha=0.25), (_a(2, 5, 4), _a(2, 5, 3), _a(2, 3, 4))),
+    "cat": (lambda a, b: torch.cat([a, b, a], dim=1), (_a(2, 3), _a(2, 5))),
+    "cat_mixed_dtypes": (lambda a, b: torch.cat([a, b]), (_a(2, 3), _a(1, 3, dtype=torch.float64))),
+    "tanh": (lambda a: torch.tanh(a), (_a(17),)),
+    "pow_scalar": (lambda a: a.pow(2), (_a(9),)),
+    "pow_tensor": (lambda a, b: a.abs().pow(b), (_a(9), _a(9))),
+    "eq_scalar": (lambda a: a.round() == 0, (_a(20),)),
+    "eq_tensor": (lambda a, b: a.round() == b.round(), (_a(20), _a(20))),
+    "bitwise": (lambda a, b: (a > 0) | (b > 0) & ~(a > b), (_a(30), _a(30))),
+    "where": (lambda c, a, b: torch.where(c > 0, a, b), (_a(4, 4), _a(4, 4), _a(4))),
+    "gelu": (lambda a: F.gelu(a) + F.gelu(a, approximate="tanh"), (_a(33),)),
+    "silu_neg_exp": (lambda a: F.silu(-a).exp(), (_a(33),)),
+    "rsqrt_sigmoid": (lambda a: a.abs().rsqrt() * a.sigmoid(), (_a(33),)),
+    "softmax": (lambda a: a.softmax(-1) + a.softmax(0), (_a(6, 9),)),
+    "sum_mean": (lambda a: a.sum(-1) + a.mean(0), (_a(5, 5),)),
+    "argmax": (lambda a: a.argmax(-1), (_a(4, 9),)),
+    "index_select": (lambda a: a.index_select(0, torch.tensor([2, 0, 2], device=a.device)), (_a(4, 3),)),
+    "embedding": (lambda w, i: F.embedding(i, w), (_a(10, 4), torch.tensor([[1, 9], [0, 1]]))),
+    "isin": (lambda a, b: torch.isin(a, b), (torch.arange(10), torch.tensor([3, 7, 11]))),
+    "arange": (lambda a: a + torch.arange(2, 2 + a.numel(), device=a.device), (_a(6),)),
+    "fill": (lambda a: a.clone().fill_(2.5), (_a(6),)),
+    "zeros_like": (lambda a: torch.zeros_like(a) + torch.full_like(a, 3.0), (_a(6),)),
+    "layer_norm": (lambda a, w, b: F.layer_norm(a, (8,), w, b, eps=1e-5), (_a(3, 8), _a(8), _a(8))),
+    "layer_norm_no_affine": (lambda a: F.layer_norm(a, (4, 8)), (_a(2, 4, 8),)),
+    "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             (_a(1, 2, 5, 8), _a(1, 2, 5, 8), _a(1, 2, 5, 8))),
+    "bf16": (lambda a, b: (a @ b).softmax(-1) * 2, (_a(4, 8, dtype=torch.bfloat16), _a(8, 4, dtype=torch.bfloat16))),
+}
+
+
+def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_unboxed_op_gives_the_cpus_bits_when_run_at_once(name: str) -> None:
+    fn, args = CASES[name]
+    want = fn(*args)
+    before = unboxed_count()
+    with neuron_lab.mode("blocking"):  # every op runs at once
+        got = fn(*(a.to("neuron") for a in args)).cpu()
+    assert _same_bits(got, want), (name, got, want)
+    assert unboxed_count() > before  # the path under test was taken
+
+
+@pytest.mark.parametrize("name", ["add", "addmm", "layer_norm", "softmax", "cat"])
+def test_the_same_ops_recorded_into_graphs_give_the_same_bits(name: str) -> None:
+    """While ops repeat they are recorded and replayed, not run by the unboxed path."""
+    fn, args = CASES[name]
+    want = fn(*args)
+    xs = [a.to("neuron") for a in args]
+    before = unboxed_count()
+    for _ in range(5):
+        got = fn(*xs)
+        assert _same_bits(got.cpu(), want)
+    assert unboxed_count() == before
+    assert ae.counters()["ops_recorded"] > 0
+
+
+def test_in_place_ops_see_their_own_aliasing() -> None:
+    """x.add_(x) and an out= that is an input: one host storage per neuron storage."""
+    x = torch.randn(5, 4)
+    with neuron_lab.mode("blocking"):
+        n = x.to("neuron")
+        n.add_(n, alpha=2)
+        torch.mul(n, n, out=n)
+        with pytest.raises(RuntimeError, match="single memory location"):  # as on the CPU
+            torch.mul(n, n[0], out=n)
+        v = n[1:3]  # a view: the kernel writes through it into n
+        torch.add(v, n[0], out=v)
+        got = n.cpu()
+    want = x.clone()
+    want.add_(want, alpha=2)
+    torch.mul(want, want, out=want)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch.mul(want, want[0], out=want)
+    torch.add(want[1:3], want[0], out=want[1:3])
+    assert _same_bits(got, want)
+
+
+def test_out_arguments_are_resized_and_restrided_as_on_the_cpu() -> None:
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    with neuron_lab.mode("blocking"):
+        out = torch.empty(0, device="neuron")
+        result = torch.mm(a.to("neuron"), b.to("neuron"), out=out)
+        assert result is out and out.shape == (3, 5)
+        assert _same_bits(out.cpu(), a @ b)
+        wrong = torch.empty(2, 2, device="neuron")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.add(a.to("neuron"), 1, out=wrong)  # resizing a non-empty out= warns, as on the CPU
+        assert any("resized" in str(w.message) for w in caught), [str(w.message) for w in caught]
+        assert wrong.shape == (3, 4) and _same_bits(wrong.cpu(), a + 1)
+        t = torch.empty(5, 3, device="neuron").T  # a transposed out= keeps its strides
+        torch.mm(a.to("neuron"), b.to("neuron"), out=t)
+        assert t.stride() == (1, 3) and _same_bits(t.cpu(), a @ b)
+
+
+def test_cpu_scalars_pass_through_and_mixed_devices_get_the_fallbacks_error() -> None:
+    a = torch.randn(4)
+    with neuron_lab.mode("blocking"):
+        before = unboxed_count()
+        got = a.to("neuron") * torch.tensor(3.0)  # a CPU 0-dim tensor: allowed, as on CUDA
+        got = got + 1  # a Python scalar: the same, wrapped by torch
+        assert unboxed_count() == before + 2
+        assert _same_bits(got.cpu(), a * torch.tensor(3.0) + 1)
+        with pytest.raises(RuntimeError, match="found at least two devices, neuron:0 and cpu"):
+            a.to("neuron") + torch.randn(4)
+        out = torch.empty(4)
+        with pytest.raises(RuntimeError, match="argument out in method aten::add.out.*Move them with"):
+            torch.add(a.to("neuron"), 1, out=out)
+        assert _same_bits((a.to("neuron") + 1).cpu(), a + 1)  # the runtime is intact
+        assert unboxed_count() == before + 3
+
+
+def test_a_kernel_error_leaves_the_runtime_and_every_tensor_intact() -> None:
+    x = torch.randn(3, 4)
+    with neuron_lab.mode("blocking"):
+        n = x.to("neuron")
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            n @ n
+        with pytest.raises(RuntimeError):
+            torch.cat([n, torch.randn(3, 5, device="neuron")], dim=0)
+        assert _same_bits(n.cpu(), x)
+        assert _same_bits((n @ n.T).cpu(), x @ x.T)
+    # after an error inside a kernel the runtime records as before
+    for _ in range(3):
+        assert _same_bits((n * 2 + 1).cpu(), x * 2 + 1)
+    assert ae.counters()["ops_recorded"] > 0
+
+
+def test_a_value_never_computed_is_not_read_by_an_unboxed_op() -> None:
+    x = torch.randn(64, device="neuron")
+    bad = torch.tensor([0, 700], device="neuron")
+    never_computed = x[bad] + 1  # index out of range: raised at the next wait
+    with pytest.raises(IndexError):
+        torch.neuron.synchronize()
+    with neuron_lab.mode("blocking"):
+        with pytest.raises(RuntimeError, match="never computed"):
+            never_computed * 2
+        never_computed.fill_(1.0)  # written, not read: allowed, and the value is computed now
+        assert _same_bits((never_computed * 2).cpu(), torch.full((2,), 2.0))
+
+
+def test_ops_run_at_once_in_adaptive_mode_take_the_unboxed_path() -> None:
+    """A loop whose graphs never repeat: the runtime runs its ops at once, unboxed."""
+    w_cpu = torch.randn(8, 8)
+    w = w_cpu.to("neuron")
+    steps = []
+    for n in range(1, 61):  # a new length every step, as generate()'s growing KV cache
+        x = torch.randn(n, 8)
+        steps.append((x, torch.tanh(x @ w_cpu).softmax(-1).sum(0)))
+    before_unboxed, before_at_once = unboxed_count(), ae.counters()["ops_run_at_once"]
+    for x, want in steps:
+        got = torch.tanh(x.to("neuron") @ w).softmax(-1).sum(0)
+        assert _same_bits(got.cpu(), want)
+    c = ae.counters()
+    assert c["graphs_unrepeated"] and c["ops_run_at_once"] > before_at_once
+    assert unboxed_count() - before_unboxed > 60
+
+
+def test_a_module_trains_the_same_through_the_unboxed_path() -> None:
+    """Forward and backward of a small transformer block in blocking mode equal the CPU's."""
+    torch.manual_seed(1)
+    block = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    dev_block = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    dev_block.load_state_dict(block.state_dict())
+    dev_block.to("neuron")
+    block(x).square().mean().backward()
+    with neuron_lab.mode("blocking"):
+        dev_block(x.to("neuron")).square().mean().backward()
+    for (name, p), q in zip(block.named_parameters(), dev_block.parameters()):
+        assert _same_bits(q.grad.cpu(), p.grad), name
