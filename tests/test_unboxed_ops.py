@@ -109,6 +109,9 @@ def test_in_place_ops_see_their_own_aliasing() -> None:
             torch.mul(n, n[0], out=n)
         v = n[1:3]  # a view: the kernel writes through it into n
         torch.add(v, n[0], out=v)
+        n[:, 1].mul_(n[:, 0])  # an in-place op on a strided view
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):  # as on the CPU
+            n[0].add_(torch.ones(5, 4, device="neuron"))
         got = n.cpu()
     want = x.clone()
     want.add_(want, alpha=2)
@@ -116,6 +119,7 @@ def test_in_place_ops_see_their_own_aliasing() -> None:
     with pytest.raises(RuntimeError, match="single memory location"):
         torch.mul(want, want[0], out=want)
     torch.add(want[1:3], want[0], out=want[1:3])
+    want[:, 1].mul_(want[:, 0])
     assert _same_bits(got, want)
 
 

@@ -20,6 +20,32 @@
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/add_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/addmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/argmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/baddbmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/bitwise_and_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/bitwise_not_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/bitwise_or_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/isin_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/mean_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/mm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/mul_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/neg_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/pow_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/rsqrt_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sigmoid_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/silu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -233,16 +259,29 @@ struct UnboxedScope {
 
 // ---- the kernel -------------------------------------------------------------------------
 
-template <class Op, class Schema = typename Op::schema>
+// Where a call goes when the runtime does not run it at once: the boxed fallback, which
+// may record it.
+template <class Op>
+struct ToFallback {
+  template <class R, class... A>
+  static R call(A&&... args) {
+    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    static const c10::BoxedKernel fallback = c10::BoxedKernel::makeFromFunction<&neuron_fallback>();
+    return c10::impl::BoxedKernelWrapper<R(A...)>::call(fallback, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        std::forward<A>(args)...);
+  }
+};
+
+template <class Op, class Otherwise = ToFallback<Op>, class Schema = typename Op::schema>
 struct Unboxed;
 
-template <class Op, class R, class... A>
-struct Unboxed<Op, R(A...)> {
+template <class Op, class Otherwise, class R, class... A>
+struct Unboxed<Op, Otherwise, R(A...)> {
   static R call(A... args) {
     CallTensors tensors;
     (collect(tensors, args), ...);
     if (!tensors.unboxable || tensors.all.empty() || !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
-      return boxed(std::forward<A>(args)...);
+      return Otherwise::template call<R, A...>(std::forward<A>(args)...);
     }
     UnboxedScope scope;
     for (const at::Tensor* t : tensors.all) {
@@ -265,26 +304,70 @@ struct Unboxed<Op, R(A...)> {
     for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
     return Results<R>::wrap(call, host_result);
   }
-
-  // The boxed fallback, as the dispatcher would have called it.
-  static R boxed(A... args) {
-    static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    static const c10::BoxedKernel fallback = c10::BoxedKernel::makeFromFunction<&neuron_fallback>();
-    return c10::impl::BoxedKernelWrapper<R(A...)>::call(fallback, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                        std::forward<A>(args)...);
-  }
 };
 
-template <class Op>
+template <class Op, class Otherwise = ToFallback<Op>>
 void register_unboxed(torch::Library& m) {
   const std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? "." : "") + Op::overload_name;
-  m.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN(Unboxed<Op>::call)));
+  m.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Unboxed<Op, Otherwise>::call))));
 }
 
 template <class... Ops>
 void register_all(torch::Library& m) {
   (register_unboxed<Ops>(m), ...);
 }
+
+// ---- functional and in-place forms of structured ops -----------------------------------
+
+// A structured op's functional form (add.Tensor) reaches a backend without a kernel of its
+// own through torch's generated wrapper: the op's meta function (a TensorIterator built to
+// size the result), an empty result on the device, then the out= kernel, whose CPU kernel
+// builds the TensorIterator again. Run at once, the CPU's functional kernel does it all in
+// one pass; otherwise the call takes torch's wrapper as before, and is recorded as before
+// (its out= form).
+#define NEURON_STRUCTURED(op_struct, function)                                                 \
+  struct op_struct##_as_torch_does {                                                          \
+    template <class R, class... A>                                                            \
+    static R call(A&&... args) {                                                              \
+      return at::compositeexplicitautogradnonfunctional::function(std::forward<A>(args)...);  \
+    }                                                                                         \
+  };                                                                                          \
+  void register_##op_struct(torch::Library& m) {                                              \
+    register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
+  }
+
+NEURON_STRUCTURED(add_Tensor, add)
+NEURON_STRUCTURED(add__Tensor, add_)
+NEURON_STRUCTURED(sub_Tensor, sub)
+NEURON_STRUCTURED(mul_Tensor, mul)
+NEURON_STRUCTURED(mul__Tensor, mul_)
+NEURON_STRUCTURED(div_Tensor, div)
+NEURON_STRUCTURED(div_Tensor_mode, div)
+NEURON_STRUCTURED(pow_Tensor_Scalar, pow)
+NEURON_STRUCTURED(pow_Tensor_Tensor, pow)
+NEURON_STRUCTURED(neg, neg)
+NEURON_STRUCTURED(exp, exp)
+NEURON_STRUCTURED(rsqrt, rsqrt)
+NEURON_STRUCTURED(addmm, addmm)
+NEURON_STRUCTURED(mm, mm)
+NEURON_STRUCTURED(bmm, bmm)
+NEURON_STRUCTURED(baddbmm, baddbmm)
+NEURON_STRUCTURED(tanh, tanh)
+NEURON_STRUCTURED(gelu, gelu)
+NEURON_STRUCTURED(silu, silu)
+NEURON_STRUCTURED(sigmoid, sigmoid)
+NEURON_STRUCTURED(_softmax, _softmax)
+NEURON_STRUCTURED(sum_dim_IntList, sum)
+NEURON_STRUCTURED(mean_dim, mean)
+NEURON_STRUCTURED(argmax, argmax)
+NEURON_STRUCTURED(eq_Scalar, eq)
+NEURON_STRUCTURED(eq_Tensor, eq)
+NEURON_STRUCTURED(bitwise_or_Tensor, bitwise_or)
+NEURON_STRUCTURED(bitwise_and_Tensor, bitwise_and)
+NEURON_STRUCTURED(bitwise_not, bitwise_not)
+NEURON_STRUCTURED(isin_Tensor_Tensor, isin)
+NEURON_STRUCTURED(cat, cat)
+#undef NEURON_STRUCTURED
 
 }  // namespace
 
@@ -302,6 +385,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
                ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
+  for (auto register_op :
+       {register_add_Tensor, register_add__Tensor, register_sub_Tensor, register_mul_Tensor, register_mul__Tensor,
+        register_div_Tensor, register_div_Tensor_mode, register_pow_Tensor_Scalar, register_pow_Tensor_Tensor,
+        register_neg, register_exp, register_rsqrt, register_addmm, register_mm, register_bmm, register_baddbmm,
+        register_tanh, register_gelu, register_silu, register_sigmoid, register__softmax, register_sum_dim_IntList,
+        register_mean_dim, register_argmax, register_eq_Scalar, register_eq_Tensor, register_bitwise_or_Tensor,
+        register_bitwise_and_Tensor, register_bitwise_not, register_isin_Tensor_Tensor, register_cat}) {
+    register_op(m);
+  }
 }
 
 }  // namespace neuron
