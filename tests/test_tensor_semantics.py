@@ -109,6 +109,16 @@ def test_resize_and_set() -> None:
     y = torch.empty(0, device="neuron")
     y.set_(x.untyped_storage(), 0, (2, 2), (2, 1))
     assert y.data_ptr() == x.data_ptr() and y.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+    z = torch.empty(3, device="neuron")
+    z.set_(x[1])  # a view of x's memory, not a copy
+    assert z.data_ptr() == x[1].data_ptr() and z.shape == (3,) and z.stride() == (1,)
+    z.fill_(7.0)
+    assert x[1].cpu().tolist() == [7.0, 7.0, 7.0]
+    with pytest.raises(RuntimeError, match="set_\\(\\) needs a tensor on neuron:0, got one on cpu"):
+        z.set_(torch.zeros(2))
+    with pytest.raises(RuntimeError, match="Could not set tensor of type"):
+        z.set_(torch.zeros(2, dtype=torch.int64, device="neuron"))
+    assert z.cpu().tolist() == [7.0, 7.0, 7.0]  # unchanged by the errors
 
 
 def test_kernels_match_the_cpu_exactly_where_pytorch_would_decompose() -> None:

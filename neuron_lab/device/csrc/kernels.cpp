@@ -261,6 +261,17 @@ at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
   return set_storage(self, std::move(source), 0, size, {});
 }
 
+// x.set_(y): x becomes a view of y's memory, as on the CPU (the fallback would run the
+// CPU's set_ on host aliases and then copy y's bytes into x's own storage).
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& source) {
+  TORCH_CHECK(source.device() == self.device(), "neuron: set_() needs a tensor on ", self.device(), ", got one on ",
+              source.device(), "; move it with .to(\"", self.device(), "\") first");
+  TORCH_CHECK(source.dtype() == self.dtype(), "Could not set tensor of type ", source.dtype(), " to a tensor of type ",
+              self.dtype());
+  if (source.unsafeGetTensorImpl() == self.unsafeGetTensorImpl()) return self;
+  return set_storage(self, source.storage(), source.sym_storage_offset(), source.sym_sizes(), source.sym_strides());
+}
+
 at::Tensor& set_empty(at::Tensor& self) {
   c10::DeviceGuard guard(self.device());
   c10::Storage empty(c10::Storage::use_byte_size_t(), 0, allocator()->allocate(0), allocator(), true);
@@ -416,6 +427,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("record_stream", TORCH_FN(record_stream));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
