@@ -217,3 +217,38 @@ def test_a_module_trains_the_same_through_the_unboxed_path() -> None:
         dev_block(x.to("neuron")).square().mean().backward()
     for (name, p), q in zip(block.named_parameters(), dev_block.parameters()):
         assert _same_bits(q.grad.cpu(), p.grad), name
+
+
+def test_host_aliases_reused_across_ops_follow_every_change_of_their_tensor() -> None:
+    """The path keeps each recent tensor's host alias for the next op. Whatever changes a tensor
+    in place between ops (a transpose, a resize, set_, an out= that reshapes it, its memory freed
+    and given to another tensor) must give the next op the tensor as it is now."""
+
+    def program(x: torch.Tensor, other: torch.Tensor) -> list[torch.Tensor]:
+        seen = [x + 1]
+        x.t_()
+        seen.append(x * 2)
+        x.resize_(6, 6)  # grows the storage: new memory
+        x.fill_(0.5)
+        seen.append(x + other[:6, :6])
+        x.resize_(2, 3)  # shrinks within the same memory
+        seen.append(x.sum(0))
+        torch.mul(other[:2, :3], 3, out=x)
+        seen.append(x - 1)
+        x.set_(other)  # another tensor's memory
+        seen.append(x.mean(1))
+        torch.add(other, 1, out=x)  # writes other's memory through x
+        seen.append(other * 1)
+        for n in range(1, 12):  # tensors freed and their memory reused at other shapes
+            y = torch.ones(n, device=x.device) * n
+            seen.append(y + y)
+        return seen
+
+    a, b = torch.randn(4, 4), torch.randn(8, 8)
+    want = program(a.clone(), b.clone())
+    with neuron_lab.mode("blocking"):
+        before = unboxed_count()
+        got = program(a.to("neuron"), b.to("neuron"))
+        assert unboxed_count() - before >= len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert _same_bits(g.cpu(), w), i

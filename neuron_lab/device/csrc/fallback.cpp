@@ -49,7 +49,7 @@ c10::Storage host_storage_of(const c10::Storage& storage) {
 
 at::Tensor host_alias_sharing(const at::Tensor& t, c10::Storage host_storage) {
   auto alias = at::detail::make_tensor<c10::TensorImpl>(std::move(host_storage),
-                                                        c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+                                                        kCpuKeys, t.dtype());
   auto* impl = alias.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   if (t.is_conj()) impl->_set_conj(true);
@@ -124,7 +124,7 @@ at::Tensor HostResults::adopt(const at::Tensor& cpu_tensor) {
     it = adopted_.emplace(key, std::move(storage)).first;
   }
   auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
-                                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                      kNeuronKeys,
                                                       cpu_tensor.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(cpu_tensor.sizes(), cpu_tensor.strides(),
                                                    cpu_tensor.storage_offset());
@@ -350,7 +350,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     LaunchScope launch(device, schema.operator_name().name.c_str(), /*synced=*/true);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    op.redispatchBoxed(kCpuKeys, stack);
   }
   op_counters().fallback_ops += 1;
   call.write_back();

@@ -30,7 +30,7 @@ at::Tensor storage_holder(py::handle storage_object) {
   const c10::Storage& storage = THPStorage_Unpack(storage_object.ptr());
   TORCH_CHECK(storage.device_type() == kNeuron, "neuron: expected a neuron storage, got ", storage.device());
   auto holder = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), caffe2::TypeMeta::Make<uint8_t>());
+      c10::Storage(storage), kNeuronKeys, caffe2::TypeMeta::Make<uint8_t>());
   holder.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(storage.nbytes())});
   return holder;
 }

@@ -29,8 +29,6 @@
 namespace neuron {
 namespace {
 
-const c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
-
 void check_sizes(c10::IntArrayRef sizes);
 std::vector<int64_t> strides_for(c10::IntArrayRef sizes, c10::MemoryFormat memory_format);
 
@@ -215,7 +213,7 @@ void sync_then_change_metadata(const c10::OperatorHandle& op, torch::jit::Stack*
   if (interceptor().active()) {
     interceptor().before_host_access(tensors, Reason::MetadataChange, op.schema().operator_name().name);
   }
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  op.redispatchBoxed(kCpuKeys, stack);
 }
 
 void sync_before_metadata_change(const at::Tensor& self, const char* what) {

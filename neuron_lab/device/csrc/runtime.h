@@ -38,6 +38,10 @@ namespace c10 { struct Argument; }  // an op schema's argument (ATen/core/functi
 namespace neuron {
 
 constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+// The dispatch key sets of a neuron tensor and of a host kernel, built once at compile
+// time (a DispatchKeySet made from a key at run time walks the key's bits).
+constexpr c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
+constexpr c10::DispatchKeySet kCpuKeys(c10::DispatchKey::CPU);
 // The most cores a process can configure (fixed-size per-core tables).
 constexpr int kMaxCores = 64;
 

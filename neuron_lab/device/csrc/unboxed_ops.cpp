@@ -82,6 +82,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <array>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -131,6 +132,49 @@ void collect(CallTensors& c, const at::ITensorListRef& list) {
   for (const at::Tensor& t : list) c.add(t, false);
 }
 
+// Host aliases of the neuron tensors this thread's recent ops used. A decoding loop passes
+// the same weights, caches and masks op after op, and making an alias (a CPU TensorImpl and
+// StorageImpl over the same bytes) and dropping it was a third of this path's own cost. An
+// alias is reused only while it still describes its tensor exactly (the same bytes, shape,
+// strides, dtype) and nothing else holds it; a kernel that resized or restrided it, or a
+// tensor freed and its memory given to another, fails that check and gets a new one.
+class AliasCache {
+ public:
+  at::Tensor get(const at::Tensor& t) {
+    const c10::TensorImpl* key = t.unsafeGetTensorImpl();
+    for (auto& e : entries_) {
+      if (e.key == key && e.host.defined() && still_describes(e.host, t)) return e.host;
+    }
+    at::Tensor host = host_alias(t);
+    Entry& slot = entries_[next_];
+    next_ = (next_ + 1) % entries_.size();
+    slot.key = key;
+    slot.host = host;
+    return host;
+  }
+
+ private:
+  struct Entry {
+    const c10::TensorImpl* key = nullptr;  // compared, never dereferenced
+    at::Tensor host;
+  };
+  static bool still_describes(const at::Tensor& host, const at::Tensor& t) {
+    const c10::TensorImpl* h = host.unsafeGetTensorImpl();
+    const c10::StorageImpl* hs = h->unsafe_storage().unsafeGetStorageImpl();
+    const c10::StorageImpl* ts = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    return host.use_count() == 1 && h->unsafe_storage().use_count() == 1 && hs->data() == ts->data() && hs->nbytes() == ts->nbytes() &&
+           h->dtype() == t.dtype() && h->sizes() == t.sizes() && h->strides() == t.strides() &&
+           h->storage_offset() == t.storage_offset() && h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
+  }
+  std::array<Entry, 16> entries_;
+  size_t next_ = 0;
+};
+
+AliasCache& alias_cache() {
+  thread_local AliasCache cache;
+  return cache;
+}
+
 // The host aliases of one call, one host storage per neuron storage (CPU kernels then
 // see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
 class HostCall {
@@ -143,7 +187,7 @@ class HostCall {
     for (const auto& a : aliases_) {
       if (a.original->storage().unsafeGetStorageImpl() == storage) return remember(t, host_alias_sharing(t, a.host.storage()));
     }
-    return remember(t, host_alias(t));
+    return remember(t, alias_cache().get(t));
   }
 
   // The caller's tensor behind a host alias the kernel returned, if it is one.
@@ -267,7 +311,7 @@ struct ToFallback {
   static R call(A&&... args) {
     static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     static const c10::BoxedKernel fallback = c10::BoxedKernel::makeFromFunction<&neuron_fallback>();
-    return c10::impl::BoxedKernelWrapper<R(A...)>::call(fallback, op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+    return c10::impl::BoxedKernelWrapper<R(A...)>::call(fallback, op, kNeuronKeys,
                                                         std::forward<A>(args)...);
   }
 };
@@ -296,7 +340,7 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1));
     LaunchScope launch(device, Op::name, /*synced=*/true);
     auto&& host_result = std::apply(
-        [](auto&... a) -> R { return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a.get()...); },
+        [](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); },
         host_args);
     op_counters().fallback_ops += 1;
     op_counters().unboxed_ops += 1;
