@@ -528,12 +528,32 @@ bool refuse(const char* why) {
   tl_inline_why_string = nullptr;
   return false;
 }
-}  // namespace
 
-bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// A new op on this thread: what the previous one left is forgotten.
+void start_op() {
   forget_lesson();  // a lesson belongs to the call that set it, and no later one
   tl_run_at_once = false;  // so is a decision to run at once (the op may have failed before its host access)
   tl_in_at_once_kernel = false;
+}
+
+// Graphs do not repeat: with nothing buffered and the device idle, an op on `device` runs
+// at once, on this thread, as blocking mode runs it (the same CPU kernel: the same
+// numbers). Counts the op when it does.
+bool runs_at_once(c10::DeviceIndex device) {
+  if (!(repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
+        policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
+        g_buffered_records.load(std::memory_order_acquire) == 0 &&
+        stream_idle(stream_state(current_stream(device))))) {
+    return false;
+  }
+  g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+}  // namespace
+
+bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  start_op();
   if (mode() == Mode::Blocking || on_device_thread()) return refuse(nullptr);
   RecordTimer timer;
   const OpClass& cls = classify(op);
@@ -570,15 +590,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!scan.ok) return refuse("it mixes devices or reads host memory");
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
-  // Graphs do not repeat: with nothing buffered and the device idle, the op runs at once,
-  // on this thread, as blocking mode runs it (the same CPU kernel: the same numbers).
-  if (repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
-      policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
-      g_buffered_records.load(std::memory_order_acquire) == 0 &&
-      stream_idle(stream_state(current_stream(scan.device)))) {
+  if (runs_at_once(scan.device)) {
     tl_run_at_once = true;
-    g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
-    counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
 
@@ -826,23 +839,14 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
 // The device's unboxed path for hot ops: try_record's decision to run an op at once and
 // prepare_inline's readying of its tensors, without the boxed stack between them.
 bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view what) {
-  forget_lesson();
-  tl_run_at_once = false;
-  tl_in_at_once_kernel = false;
+  start_op();
   if (on_device_thread() || tensors.empty()) return false;  // a replay's kernels keep the boxed path
   if (mode() == Mode::Blocking) {
     count_inline_op(Reason::InlineOp, what);
     for (const at::Tensor* t : tensors) materialize(t->storage());
     return true;
   }
-  if (mode() != Mode::Adaptive || tl_in_torch_compile_graph || !repeats().run_at_once() ||
-      !policy().run_unrepeated_at_once.load(std::memory_order_relaxed) ||
-      g_buffered_records.load(std::memory_order_acquire) != 0 ||
-      !stream_idle(stream_state(current_stream(tensors.front()->device().index())))) {
-    return false;
-  }
-  g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
-  counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  if (!runs_at_once(tensors.front()->device().index())) return false;
   tl_in_at_once_kernel = true;
   for (const at::Tensor* t : tensors) {
     wait_for_storage(t->storage());

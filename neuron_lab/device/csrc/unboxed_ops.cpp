@@ -162,9 +162,10 @@ class AliasCache {
     const c10::TensorImpl* h = host.unsafeGetTensorImpl();
     const c10::StorageImpl* hs = h->unsafe_storage().unsafeGetStorageImpl();
     const c10::StorageImpl* ts = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    return host.use_count() == 1 && h->unsafe_storage().use_count() == 1 && hs->data() == ts->data() && hs->nbytes() == ts->nbytes() &&
-           h->dtype() == t.dtype() && h->sizes() == t.sizes() && h->strides() == t.strides() &&
-           h->storage_offset() == t.storage_offset() && h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
+    const bool only_here = host.use_count() == 1 && h->unsafe_storage().use_count() == 1;
+    return only_here && hs->data() == ts->data() && hs->nbytes() == ts->nbytes() && h->dtype() == t.dtype() &&
+           h->sizes() == t.sizes() && h->strides() == t.strides() && h->storage_offset() == t.storage_offset() &&
+           h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
   }
   std::array<Entry, 16> entries_;
   size_t next_ = 0;
@@ -185,7 +186,9 @@ class HostCall {
     if (!t.defined() || t.device().type() != kNeuron) return t;  // a CPU scalar
     const auto* storage = t.storage().unsafeGetStorageImpl();
     for (const auto& a : aliases_) {
-      if (a.original->storage().unsafeGetStorageImpl() == storage) return remember(t, host_alias_sharing(t, a.host.storage()));
+      if (a.original->storage().unsafeGetStorageImpl() == storage) {
+        return remember(t, host_alias_sharing(t, a.host.storage()));
+      }
     }
     return remember(t, alias_cache().get(t));
   }
