@@ -252,3 +252,34 @@ def test_host_aliases_reused_across_ops_follow_every_change_of_their_tensor() ->
         assert unboxed_count() - before >= len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert _same_bits(g.cpu(), w), i
+
+
+@pytest.mark.parametrize("grad_mode", ["grad", "no_grad", "inference_mode"])
+def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None:
+    """A kernel's fresh result becomes the neuron tensor itself (its TensorImpl takes the device
+    memory and the neuron keys). It must be indistinguishable from a tensor made on the device in
+    the same grad mode: the same dispatch keys, device, memory accounting and autograd."""
+    ctx = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[grad_mode]
+    a_cpu, b_cpu = torch.randn(3, 4), torch.randn(4)
+    with neuron_lab.mode("blocking"), ctx():
+        a, b = a_cpu.to("neuron"), b_cpu.to("neuron")
+        torch.neuron.synchronize()
+        allocated = torch.neuron.memory_allocated()
+        before = unboxed_count()
+        results = {"add": a + b, "softmax": a.softmax(-1), "mm": a @ a.T, "cat": torch.cat([a, a])}
+        made_here = torch.empty(2, device="neuron")
+        assert unboxed_count() - before == len(results)
+        for name, r in results.items():
+            assert r.device == torch.device("neuron", 0), name
+            assert torch._C._dispatch_keys(r) == torch._C._dispatch_keys(made_here), name
+            assert r.is_inference() == made_here.is_inference(), name
+            assert r.untyped_storage().device == r.device, name
+        assert torch.neuron.memory_allocated() - allocated >= sum(r.untyped_storage().nbytes() for r in results.values())
+        views = results["cat"][1:4].T  # a view of a fresh result shares its memory
+        views.mul_(2)
+    assert torch.equal(results["cat"].cpu()[1:4], torch.cat([a_cpu, a_cpu])[1:4] * 2)
+    assert _same_bits(results["add"].cpu(), a_cpu + b_cpu)
+    if grad_mode == "grad":  # the result takes part in autograd as any neuron tensor does
+        w = torch.randn(4, requires_grad=True, device="neuron")
+        (results["softmax"] * w).sum().backward()
+        assert torch.equal(w.grad.cpu(), a_cpu.softmax(-1).sum(0))

@@ -493,7 +493,18 @@ void NeuronAllocator::release_context(void* context) { g_allocator->release(stat
 // the results become neuron tensors without a copy (adopt_host_storage). The CPU
 // allocator is wrapped once, on first use; other threads, and this thread outside
 // the guard, allocate exactly as before.
-thread_local c10::DeviceIndex tl_host_allocations_device = -1;
+//
+// A thread's lending state is one thread-local, so that a hot path looks it up once.
+struct HostLending {
+  c10::DeviceIndex device = -1;  // the core CPU allocations take memory of; -1: none
+  // Blocks lent under a thread-private scope (an op of the unboxed path, where only this
+  // thread's C++ runs) stay in `lent` instead of the shared map: an op lends one or two
+  // and takes them back at once, without the lock or a hash node. The scope hands what
+  // is left to the shared map when it ends, so that any thread can free it.
+  bool privately = false;
+  c10::SmallVector<std::pair<void*, Block*>, 4> lent;
+};
+thread_local HostLending tl_lending;
 
 // Device blocks handed out as CPU memory, by address: a CPU DataPtr's context must
 // be its address (Allocator::raw_allocate asserts it; oneDNN uses it for scratch).
@@ -504,7 +515,26 @@ std::unordered_map<void*, Block*>& host_blocks() {
 }
 c10::DeleterFnPtr g_host_raw_deleter = nullptr;
 
+Block* take_lent_privately(void* ptr) {
+  auto& lent = tl_lending.lent;
+  for (size_t i = lent.size(); i-- > 0;) {
+    if (lent[i].first != ptr) continue;
+    Block* block = lent[i].second;
+    lent.erase(lent.begin() + static_cast<std::ptrdiff_t>(i));
+    return block;
+  }
+  return nullptr;
+}
+
+void share_lent_blocks(HostLending& lending) {
+  if (lending.lent.empty()) return;
+  std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
+  for (const auto& [ptr, block] : lending.lent) host_blocks().emplace(ptr, block);
+  lending.lent.clear();
+}
+
 Block* take_host_block(void* ptr) {
+  if (Block* block = take_lent_privately(ptr)) return block;
   std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
   auto it = host_blocks().find(ptr);
   if (it == host_blocks().end()) return nullptr;
@@ -528,11 +558,14 @@ class HostOrDeviceAllocator final : public c10::Allocator {
   explicit HostOrDeviceAllocator(c10::Allocator* host) : host_(host) {}
 
   c10::DataPtr allocate(size_t nbytes) override {
-    const c10::DeviceIndex device = tl_host_allocations_device;
+    HostLending& lending = tl_lending;
+    const c10::DeviceIndex device = lending.device;
     if (device < 0 || nbytes == 0) return host_->allocate(nbytes);
     auto data = g_allocator->allocate_on(device, nbytes);
     auto* block = static_cast<Block*>(data.release_context());
-    {
+    if (lending.privately) {
+      lending.lent.emplace_back(block->ptr, block);
+    } else {
       std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
       host_blocks().emplace(block->ptr, block);
     }
@@ -562,17 +595,26 @@ void install_host_or_device_allocator() {
 
 }  // namespace
 
-HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device) : previous_(tl_host_allocations_device) {
+HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending) {
   if (device >= 0) {
     check_device_index(device);
     install_host_or_device_allocator();
   }
-  tl_host_allocations_device = device;
+  HostLending& state = tl_lending;
+  previous_ = state.device;
+  previous_private_ = state.privately;
+  state.device = device;
+  state.privately = lending == Lending::ThreadPrivate;
 }
 
-HostAllocationsOnDevice::~HostAllocationsOnDevice() { tl_host_allocations_device = previous_; }
+HostAllocationsOnDevice::~HostAllocationsOnDevice() {
+  HostLending& state = tl_lending;
+  if (state.privately && !previous_private_) share_lent_blocks(state);
+  state.device = previous_;
+  state.privately = previous_private_;
+}
 
-c10::DeviceIndex host_allocations_device() { return tl_host_allocations_device; }
+c10::DeviceIndex host_allocations_device() { return tl_lending.device; }
 
 c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
   auto* impl = host_storage.unsafeGetStorageImpl();

@@ -103,32 +103,79 @@ void write_back(const at::Tensor& original, const at::Tensor& host) {
 }
 
 void HostResults::add_input(const at::Tensor& host_alias, const at::Tensor& input) {
-  if (host_alias.defined() && host_alias.has_storage()) inputs_.emplace(host_alias.storage().unsafeGetStorageImpl(), input);
+  if (!host_alias.defined() || !host_alias.has_storage()) return;
+  const auto* key = host_alias.storage().unsafeGetStorageImpl();
+  for (const auto& entry : inputs_) {
+    if (entry.first == key) return;  // the first input over a storage stands for it
+  }
+  inputs_.emplace_back(key, input);
+}
+
+namespace {
+
+// Whether a host kernel's result can be turned into a neuron tensor at all (else copied).
+bool adoptable(const at::Tensor& cpu_tensor) {
+  return cpu_tensor.defined() && cpu_tensor.device().type() == c10::kCPU && cpu_tensor.has_storage() &&
+         !cpu_tensor.is_conj() && !cpu_tensor.is_neg();
+}
+
+// A dense CPU tensor's keys and nothing else (no sparse, quantized, mkldnn or Python keys):
+// swapping the backend bit gives what a neuron tensor made here would have.
+bool has_plain_cpu_keys(const c10::TensorImpl& impl) {
+  constexpr auto kBackend = c10::BackendComponent::CPUBit;
+  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::CPU) |
+                                           c10::getAutogradRelatedKeySetFromBackend(kBackend) |
+                                           c10::getAutocastRelatedKeySetFromBackend(kBackend);
+  const c10::DispatchKeySet keys = impl.key_set();
+  return keys.has(c10::DispatchKey::CPU) && (keys & plain) == keys;
+}
+
+}  // namespace
+
+const at::Tensor* HostResults::input_viewed_by(const at::Tensor& cpu_tensor) const {
+  const auto* key = cpu_tensor.storage().unsafeGetStorageImpl();
+  for (const auto& [input_key, input] : inputs_) {
+    if (input_key == key) return &input;
+  }
+  return nullptr;
+}
+
+const c10::Storage* HostResults::adopted_storage(const at::Tensor& cpu_tensor) {
+  const auto* key = cpu_tensor.storage().unsafeGetStorageImpl();
+  for (const auto& [adopted_key, adopted] : adopted_) {
+    if (adopted_key == key) return &adopted;
+  }
+  c10::Storage fresh = adopt_host_storage(cpu_tensor.storage());
+  if (!fresh || fresh.device().index() != device_) return nullptr;
+  return &adopted_.emplace_back(key, std::move(fresh)).second;
 }
 
 at::Tensor HostResults::adopt(const at::Tensor& cpu_tensor) {
-  if (!cpu_tensor.defined() || cpu_tensor.device().type() != c10::kCPU || !cpu_tensor.has_storage() ||
-      cpu_tensor.is_conj() || cpu_tensor.is_neg()) {
-    return to_device(cpu_tensor, device_);
-  }
-  const auto* key = cpu_tensor.storage().unsafeGetStorageImpl();
-  if (auto input = inputs_.find(key); input != inputs_.end()) {
+  if (!adoptable(cpu_tensor)) return to_device(cpu_tensor, device_);
+  if (const at::Tensor* input = input_viewed_by(cpu_tensor)) {
     // A view of an input: a view of the neuron input (sharing its version counter).
     at::NoGradGuard no_grad;
-    return input->second.as_strided(cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
+    return input->as_strided(cpu_tensor.sizes(), cpu_tensor.strides(), cpu_tensor.storage_offset());
   }
-  auto it = adopted_.find(key);
-  if (it == adopted_.end()) {
-    c10::Storage storage = adopt_host_storage(cpu_tensor.storage());
-    if (!storage || storage.device().index() != device_) return to_device(cpu_tensor, device_);
-    it = adopted_.emplace(key, std::move(storage)).first;
-  }
-  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(it->second),
-                                                      kNeuronKeys,
-                                                      cpu_tensor.dtype());
+  const c10::Storage* storage = adopted_storage(cpu_tensor);
+  if (storage == nullptr) return to_device(cpu_tensor, device_);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(*storage), kNeuronKeys, cpu_tensor.dtype());
   out.unsafeGetTensorImpl()->set_sizes_and_strides(cpu_tensor.sizes(), cpu_tensor.strides(),
                                                    cpu_tensor.storage_offset());
   return out;
+}
+
+at::Tensor HostResults::adopt(at::Tensor&& cpu_tensor) {
+  c10::TensorImpl* impl = cpu_tensor.unsafeGetTensorImpl();
+  const bool only_ours = cpu_tensor.defined() && cpu_tensor.use_count() == 1 && cpu_tensor.weak_use_count() == 1;
+  if (!only_ours || !adoptable(cpu_tensor) || !has_plain_cpu_keys(*impl) || input_viewed_by(cpu_tensor) != nullptr) {
+    return adopt(static_cast<const at::Tensor&>(cpu_tensor));
+  }
+  const c10::Storage* storage = adopted_storage(cpu_tensor);
+  if (storage == nullptr) return to_device(cpu_tensor, device_);
+  impl->set_storage_keep_dtype(c10::Storage(*storage));  // also makes the tensor's device the storage's
+  impl->_change_backend_component_keys(storage->device());
+  return std::move(cpu_tensor);
 }
 
 namespace {

@@ -22,6 +22,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
+#include <c10/util/SmallVector.h>
 
 #include "trace.h"
 
@@ -250,13 +251,18 @@ void write_back(const at::Tensor& original, const at::Tensor& host);
 // device -1 turns that off for the scope.
 class HostAllocationsOnDevice {
  public:
-  explicit HostAllocationsOnDevice(c10::DeviceIndex device);
+  // Who may free what the scope allocates before the scope ends: any thread (Shared, the
+  // default: Python or a compiled graph runs inside), or only this one (ThreadPrivate: one
+  // CPU kernel runs inside), which keeps the bookkeeping off the shared lock.
+  enum class Lending { Shared, ThreadPrivate };
+  explicit HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending = Lending::Shared);
   ~HostAllocationsOnDevice();
   HostAllocationsOnDevice(const HostAllocationsOnDevice&) = delete;
   HostAllocationsOnDevice& operator=(const HostAllocationsOnDevice&) = delete;
 
  private:
   c10::DeviceIndex previous_;
+  bool previous_private_;
 };
 // The core whose memory this thread's CPU allocations take now (-1: none): inside a
 // host kernel's launch, its CPU tensors are device memory the launch already prepared.
@@ -276,11 +282,21 @@ class HostResults {
   // `host_alias` (a CPU tensor) aliases the neuron tensor `input`.
   void add_input(const at::Tensor& host_alias, const at::Tensor& input);
   at::Tensor adopt(const at::Tensor& cpu_tensor);
+  // The same for a result only the caller holds: a plain dense CPU tensor becomes the
+  // neuron tensor itself (its TensorImpl takes the adopted storage and the neuron keys)
+  // instead of lending its shape to a new TensorImpl.
+  at::Tensor adopt(at::Tensor&& cpu_tensor);
 
  private:
+  // A call has a handful of inputs and results: a linear search beats hashing, and
+  // the inline capacity allocates nothing.
+  // The input a result views, if it views one; else the neuron storage of the result's
+  // memory (adopted once per host storage); undefined when it must be copied.
+  const at::Tensor* input_viewed_by(const at::Tensor& cpu_tensor) const;
+  const c10::Storage* adopted_storage(const at::Tensor& cpu_tensor);
   c10::DeviceIndex device_;
-  std::unordered_map<const c10::StorageImpl*, at::Tensor> inputs_;
-  std::unordered_map<const c10::StorageImpl*, c10::Storage> adopted_;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, at::Tensor>, 4> inputs_;
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
 
 // Counters the observability layer reads (fallback.cpp, random_kernels.cpp).

@@ -203,15 +203,15 @@ class HostCall {
 
   // A result of the kernel as a neuron tensor: an argument, a view of one, or new memory
   // (adopted when the kernel allocated it in device memory, else copied).
-  at::Tensor wrap(const at::Tensor& host) {
-    if (!host.defined() || host.device().type() == kNeuron) return host;
+  at::Tensor wrap(at::Tensor&& host) {
+    if (!host.defined() || host.device().type() == kNeuron) return std::move(host);
     if (const at::Tensor* original = original_of(host)) return *original;
     if (const void* data = host.storage().data(); data != nullptr && !host.is_conj() && !host.is_neg()) {
       for (const auto& a : aliases_) {
         if (a.host.storage().data() == data) return neuron_view_of(*a.original, host);
       }
     }
-    return results_.adopt(host);
+    return results_.adopt(std::move(host));
   }
 
   // out= and in-place arguments: a resize or restride of their alias reaches them.
@@ -289,13 +289,15 @@ struct Results<at::Tensor&> {  // out= and in-place ops return an argument
 template <>
 struct Results<at::Tensor> {
   static constexpr bool fresh = true;
-  static at::Tensor wrap(HostCall& call, const at::Tensor& host) { return call.wrap(host); }
+  // The kernel's own result, moved in: held only here, it can become the neuron tensor.
+  static at::Tensor wrap(HostCall& call, at::Tensor&& host) { return call.wrap(std::move(host)); }
 };
 template <class... T>
 struct Results<std::tuple<T...>> {
   static constexpr bool fresh = (Results<T>::fresh || ...);
-  static std::tuple<T...> wrap(HostCall& call, std::tuple<T...> host) {
-    return std::apply([&](auto&&... h) { return std::tuple<T...>(Results<T>::wrap(call, h)...); }, host);
+  static std::tuple<T...> wrap(HostCall& call, std::tuple<T...>&& host) {
+    return std::apply(
+        [&](auto&... h) { return std::tuple<T...>(Results<T>::wrap(call, static_cast<T&&>(h))...); }, host);
   }
 };
 
@@ -340,7 +342,9 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     // Fresh results take device memory while the kernel makes them: adopted, not copied.
-    HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1));
+    // Only this thread's C++ runs until they are adopted: lent privately, off the shared lock.
+    HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1),
+                                        HostAllocationsOnDevice::Lending::ThreadPrivate);
     LaunchScope launch(device, Op::name, /*synced=*/true);
     auto&& host_result = std::apply(
         [](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); },
@@ -349,7 +353,7 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     op_counters().unboxed_ops += 1;
     call.write_back_all(tensors);
     for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
-    return Results<R>::wrap(call, host_result);
+    return Results<R>::wrap(call, std::forward<decltype(host_result)>(host_result));
   }
 };
 
