@@ -329,6 +329,9 @@ def test_a_background_fx_trace_does_not_patch_module_calls_on_other_threads():
 
     from neuron_lab.adaptive_eager import compiler
 
+    # A background compile happens only once the compiler is installed (its FX guards with it);
+    # without this the test depended on an earlier test having started the compiler.
+    compiler.install()
     inside, release = threading.Event(), threading.Event()
 
     def traced(x):
