@@ -18,6 +18,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -494,15 +495,19 @@ void NeuronAllocator::release_context(void* context) { g_allocator->release(stat
 // allocator is wrapped once, on first use; other threads, and this thread outside
 // the guard, allocate exactly as before.
 //
-// A thread's lending state is one thread-local, so that a hot path looks it up once.
+// A thread's lending state is one thread-local, so that a hot path looks it up once, and
+// trivially destructible, so that a free that runs after the thread's thread-locals are
+// gone (static destructors at exit) still reads a valid, empty list.
 struct HostLending {
   c10::DeviceIndex device = -1;  // the core CPU allocations take memory of; -1: none
   // Blocks lent under a thread-private scope (an op of the unboxed path, where only this
   // thread's C++ runs) stay in `lent` instead of the shared map: an op lends one or two
   // and takes them back at once, without the lock or a hash node. The scope hands what
-  // is left to the shared map when it ends, so that any thread can free it.
+  // is left to the shared map when it ends, so that any thread can free it; a block
+  // lent when the list is full goes to the shared map at once.
   bool privately = false;
-  c10::SmallVector<std::pair<void*, Block*>, 4> lent;
+  int lent_count = 0;
+  std::array<std::pair<void*, Block*>, 8> lent{};
 };
 thread_local HostLending tl_lending;
 
@@ -516,21 +521,21 @@ std::unordered_map<void*, Block*>& host_blocks() {
 c10::DeleterFnPtr g_host_raw_deleter = nullptr;
 
 Block* take_lent_privately(void* ptr) {
-  auto& lent = tl_lending.lent;
-  for (size_t i = lent.size(); i-- > 0;) {
-    if (lent[i].first != ptr) continue;
-    Block* block = lent[i].second;
-    lent.erase(lent.begin() + static_cast<std::ptrdiff_t>(i));
+  HostLending& lending = tl_lending;
+  for (int i = 0; i < lending.lent_count; ++i) {
+    if (lending.lent[i].first != ptr) continue;
+    Block* block = lending.lent[i].second;
+    lending.lent[i] = lending.lent[--lending.lent_count];  // order does not matter
     return block;
   }
   return nullptr;
 }
 
 void share_lent_blocks(HostLending& lending) {
-  if (lending.lent.empty()) return;
+  if (lending.lent_count == 0) return;
   std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
-  for (const auto& [ptr, block] : lending.lent) host_blocks().emplace(ptr, block);
-  lending.lent.clear();
+  for (int i = 0; i < lending.lent_count; ++i) host_blocks().emplace(lending.lent[i].first, lending.lent[i].second);
+  lending.lent_count = 0;
 }
 
 Block* take_host_block(void* ptr) {
@@ -563,8 +568,8 @@ class HostOrDeviceAllocator final : public c10::Allocator {
     if (device < 0 || nbytes == 0) return host_->allocate(nbytes);
     auto data = g_allocator->allocate_on(device, nbytes);
     auto* block = static_cast<Block*>(data.release_context());
-    if (lending.privately) {
-      lending.lent.emplace_back(block->ptr, block);
+    if (lending.privately && lending.lent_count < static_cast<int>(lending.lent.size())) {
+      lending.lent[lending.lent_count++] = {block->ptr, block};
     } else {
       std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
       host_blocks().emplace(block->ptr, block);
