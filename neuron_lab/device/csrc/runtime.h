@@ -288,13 +288,14 @@ class HostResults {
   at::Tensor adopt(at::Tensor&& cpu_tensor);
 
  private:
-  // A call has a handful of inputs and results: a linear search beats hashing, and
-  // the inline capacity allocates nothing.
-  // The input a result views, if it views one; else the neuron storage of the result's
-  // memory (adopted once per host storage); undefined when it must be copied.
+  // The neuron input whose memory a result views, or null.
   const at::Tensor* input_viewed_by(const at::Tensor& cpu_tensor) const;
+  // The neuron storage of a result's memory, adopted once per host storage; null when the
+  // memory is not device memory of this core (the result must be copied).
   const c10::Storage* adopted_storage(const at::Tensor& cpu_tensor);
   c10::DeviceIndex device_;
+  // A call has a handful of inputs and results: a linear search beats hashing, and the
+  // inline capacity allocates nothing.
   c10::SmallVector<std::pair<const c10::StorageImpl*, at::Tensor>, 4> inputs_;
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
