@@ -1120,6 +1120,56 @@ def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_th
     assert ae.counters()["ops_run_at_once"] == before  # recorded and fused again
 
 
+def _long_step_of_length(n: int, w: torch.Tensor) -> torch.Tensor:
+    """A step of 12 small ops whose shapes grow with n (a decode step's attention over its KV
+    cache), read back and checked bit for bit."""
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(n)).to("neuron")
+    y = x
+    for _ in range(4):
+        y = torch.tanh(y @ w) * 0.5 + 1
+    expected = x.cpu()
+    for _ in range(4):
+        expected = torch.tanh(expected @ w.cpu()) * 0.5 + 1
+    assert torch.equal(y.cpu(), expected)
+    return y
+
+
+def test_a_step_whose_shapes_grow_runs_at_once_after_three_regrown_graphs() -> None:
+    """The same operators missing the cache with new shapes three times are a loop whose shapes
+    grow: ops run at once from then on, without waiting for a window of 32 launches (generate()
+    recorded its first 11 tokens before; now 3 or 4)."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    start = neuron_lab.observability.records.now_ns()
+    w = torch.randn(8, 8, device="neuron")
+    for n in range(1, 6):  # the first step's graph also holds w's randn
+        _long_step_of_length(n, w)
+    c = ae.counters()
+    assert c["graphs_unrepeated"], c
+    assert c["graphs_built"] <= 5, c["graphs_built"]
+    events = _policy_events(start)
+    assert [e.what for e in events] == ["ops run at once"], events
+    assert "ran the operators of an earlier graph with new shapes" in events[0].detail
+    before = ae.counters()["ops_run_at_once"]
+    for n in range(6, 10):  # the same numbers when run at once
+        _long_step_of_length(n, w)
+    assert ae.counters()["ops_run_at_once"] > before
+
+
+def test_one_op_over_many_shapes_keeps_recording() -> None:
+    """A test of one op over many sample shapes (an OpInfo sweep) launches graphs of one or two
+    ops: they are not a loop's step, and do not count as regrown graphs. Those ops keep being
+    recorded, so the recorder stays what such a sweep tests."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    for n in range(1, 21):
+        x = torch.randn(n, 3, device="neuron")
+        assert torch.equal(torch.tanh(x).cpu(), torch.tanh(x.cpu()))
+    c = ae.counters()
+    assert not c["graphs_unrepeated"] and c["ops_run_at_once"] == 0, c
+    assert c["ops_recorded"] >= 20
+
+
 def test_probes_grow_rarer_while_the_same_ops_keep_missing() -> None:
     """A probe records a graph that a program of growing shapes never uses again. Probes that
     miss with the same operators (new shapes) come at longer and longer intervals; the old

@@ -88,8 +88,15 @@ Policy& policy();
 // also ran is the same program with grown shapes: the waits to the next probe double, up
 // to kMaxProbeEvery (400 tokens of generate() probe 5 times, not 23). Ops not seen before
 // mean the program changed: the next probe comes after kProbeEvery waits again.
+// A loop whose shapes grow is recognised sooner than a full window: when kRegrownMisses
+// launches of small ops miss the cache although an earlier missed launch ran the same
+// operators (the same step with longer shapes), ops run at once from then on (generate()
+// then records its first 3 tokens instead of its first 11). Only launches of at least
+// kMinRegrownOps ops count: a test running one op over many shapes is not a loop.
 class RepeatTracker {
  public:
+  static constexpr int kRegrownMisses = 3;
+  static constexpr int64_t kMinRegrownOps = 8;
   static constexpr int kWindow = 32;
   static constexpr int kProbeEvery = 16;
   static constexpr int kMaxProbeEvery = 64;
@@ -118,11 +125,20 @@ class RepeatTracker {
   int probe_every_ = kProbeEvery;  // host waits from one probe to the next
   std::array<uint64_t, 8> missed_ops_{};  // operator sequences of recent missed probes
   size_t next_missed_ = 0;
+  // While recording: operator sequences of recent missed launches of small ops, and how
+  // many later misses ran one of them again.
+  std::array<uint64_t, 8> recorded_misses_{};
+  size_t next_recorded_miss_ = 0;
+  int regrown_misses_ = 0;
+  // Whether this miss repeats the operators of an earlier one with other shapes.
+  bool note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, int64_t written_bytes);
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();
-  // small_op_bytes: the bytes per op that made it switch for small ops (-1: another reason).
-  void set_unrepeated_locked(bool unrepeated, int64_t small_op_bytes = -1);
+  // Why ops start running at once (the event log's words).
+  enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown };
+  // small_op_bytes: the bytes per op of the launches that made it switch.
+  void set_unrepeated_locked(bool unrepeated, Unrepeated why = Unrepeated::FewHits, int64_t small_op_bytes = 0);
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
 };

@@ -174,7 +174,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     (hit ? c.cache_hits : c.graphs_built).fetch_add(1, std::memory_order_relaxed);
     int64_t written_bytes = 0;
     for (const auto& r : l->records) written_bytes += r.written_bytes;
-    repeats().note_graph_launch(hit, repeats().unrepeated() ? operator_sequence_hash(l->records) : 0,
+    repeats().note_graph_launch(hit, operator_sequence_hash(l->records),
                                 static_cast<int64_t>(l->records.size()), written_bytes);
   }
   if (compile_it) request_compile(l->graph, l->records, storages);

@@ -112,11 +112,14 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
     if (probing_.load()) probe_launched_ = true;
     return;
   }
+  if (!hit && note_recorded_miss_locked(ops_hash, ops, written_bytes) && ++regrown_misses_ >= kRegrownMisses) {
+    return set_unrepeated_locked(true, Unrepeated::Regrown, written_bytes / ops);
+  }
   if (seen_ < kWindow) return;
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
   const int hits = std::popcount(window_);
-  if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true);
+  if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true, Unrepeated::FewHits);
   // Half misses or more, of small ops: a decoding loop's fixed-shape prefix hits, the
   // rest of each step grows. Both the hits and the misses must be small: a training loop's
   // graphs that hit, followed by a generate() call's that miss, are a program that changed
@@ -130,8 +133,17 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
       bytes[hit] += launch_bytes_[slot];
     }
     const bool small = bytes[0] < kSmallOpBytes * ops[0] && bytes[1] < kSmallOpBytes * ops[1];
-    if (small && ops[0] + ops[1] > 0) set_unrepeated_locked(true, (bytes[0] + bytes[1]) / (ops[0] + ops[1]));
+    if (small && ops[0] + ops[1] > 0) {
+      set_unrepeated_locked(true, Unrepeated::SmallOpsHalfHits, (bytes[0] + bytes[1]) / (ops[0] + ops[1]));
+    }
   }
+}
+
+bool RepeatTracker::note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
+  if (ops < kMinRegrownOps || written_bytes >= kSmallOpBytes * ops) return false;
+  if (std::find(recorded_misses_.begin(), recorded_misses_.end(), ops_hash) != recorded_misses_.end()) return true;
+  recorded_misses_[next_recorded_miss_++ % recorded_misses_.size()] = ops_hash;
+  return false;
 }
 
 void RepeatTracker::note_host_wait(Reason reason) {
@@ -165,23 +177,36 @@ void RepeatTracker::end_probe_locked() {
   repeating_probes_ = 0;
 }
 
-void RepeatTracker::set_unrepeated_locked(bool unrepeated, int64_t small_op_bytes) {
+void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64_t small_op_bytes) {
   unrepeated_ = unrepeated;
   probe_every_ = kProbeEvery;
   // Each regime is judged on a window of its own launches: resumed recording must not
   // switch back at once on the misses from before the switch.
   window_ = 0;
   seen_ = 0;
+  recorded_misses_.fill(0);
+  regrown_misses_ = 0;
   trace::Event e;
   e.time_ns = trace::now_ns();
   e.kind = "policy";
   e.what = unrepeated ? "ops run at once" : "ops recorded again";
-  const std::string repeated =
-      small_op_bytes < 0 ? "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
-                               " graphs repeated (e.g. shapes that grow every step)"
-                         : "at most half of the last " + std::to_string(kWindow) + " graphs repeated and their ops are "
-                               "small (" + std::to_string(small_op_bytes) + " bytes written per op; a fixed-shape "
-                               "prefix repeats, the rest of each step grows)";
+  std::string repeated;
+  switch (why) {
+    case Unrepeated::FewHits:
+      repeated = "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
+                 " graphs repeated (e.g. shapes that grow every step)";
+      break;
+    case Unrepeated::SmallOpsHalfHits:
+      repeated = "at most half of the last " + std::to_string(kWindow) + " graphs repeated and their ops are small (" +
+                 std::to_string(small_op_bytes) + " bytes written per op; a fixed-shape prefix repeats, the rest of "
+                 "each step grows)";
+      break;
+    case Unrepeated::Regrown:
+      repeated = std::to_string(kRegrownMisses) + " graphs of small ops (" + std::to_string(small_op_bytes) +
+                 " bytes written per op) ran the operators of an earlier graph with new shapes (a step whose shapes "
+                 "grow, e.g. a KV cache)";
+      break;
+  }
   e.detail = unrepeated ? repeated + ", so building graphs costs more than fusing saves: ops run at once while the "
                                      "device is idle"
                         : "the stretches of ops of " + std::to_string(kRepeatingProbes) +
@@ -199,6 +224,9 @@ void RepeatTracker::reset() {
   seen_ = waits_ = repeating_probes_ = 0;
   probe_every_ = kProbeEvery;
   missed_ops_.fill(0);
+  recorded_misses_.fill(0);
+  next_recorded_miss_ = 0;
+  regrown_misses_ = 0;
   probe_launched_ = false;
   unrepeated_ = probing_ = false;
 }
