@@ -93,9 +93,10 @@ def configure(
         is evicted (default 1024; ``counters()["graphs_evicted"]`` counts them).
     run_unrepeated_at_once: when at most 4 of the last 32 graphs repeated (``generate()``,
         whose shapes grow every step), or at most half of them and their ops are small
-        (under 16 KiB written per op: a decoding loop whose fixed-shape prefix repeats),
+        (under 16 KiB written per op: a decoding loop whose fixed-shape prefix repeats), or
+        3 graphs of small ops ran an earlier missed graph's operators with new shapes,
         building graphs costs more than fusing saves: ops
-        then run at once on the calling thread while the device is idle, with the same
+        then run at once on the calling thread while nothing is buffered, with the same
         kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
         and a recorded stretch every 16 host waits finds out when graphs repeat again).
     """

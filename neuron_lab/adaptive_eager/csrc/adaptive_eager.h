@@ -65,7 +65,7 @@ struct Policy {
   std::atomic<int64_t> graph_cache_size{1024};   // graphs cached at most (least recently used evicted)
   // When recent graphs never repeat (generate(): the KV cache grows every step), building
   // each costs more than fusing saves: ops then run at once on the calling thread while
-  // the device is idle and nothing is buffered, as blocking mode runs them (RepeatTracker).
+  // nothing is buffered, as blocking mode runs them (RepeatTracker).
   std::atomic<bool> run_unrepeated_at_once{true};
 };
 Policy& policy();

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <filesystem>
+#include <mutex>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +18,27 @@ namespace neuron::lazy {
 
 namespace {
 
+
+// The overload names of every registered operator, by operator name: a twin is looked up
+// among an op's own overloads instead of copying the dispatcher's list of all ~3,000
+// operator names for every op classified (a third of a first generate() call's extra cost
+// over blocking mode). An op registered after the index was made (a custom op) is not in
+// it: the index is made again.
+std::vector<std::string> overloads_of(const c10::OperatorName& op) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::vector<std::string>> index;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = index.find(op.name);
+  if (it == index.end()) {
+    index.clear();
+    for (auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      index[std::move(name.name)].push_back(std::move(name.overload_name));
+    }
+    it = index.find(op.name);
+    if (it == index.end()) return {};
+  }
+  return it->second;
+}
 
 // The out= overload of a functional op whose every result is a plain tensor: the
 // same arguments (names and types), then one keyword-only out tensor per result,
@@ -29,9 +51,9 @@ std::optional<c10::OperatorHandle> out_twin_of(const c10::OperatorHandle& op) {
   for (const auto& r : rets) {
     if (!is_tensor_type(r.type())) return std::nullopt;
   }
-  for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (name.name != schema.name() || name.overload_name == schema.overload_name()) continue;
-    auto candidate = c10::Dispatcher::singleton().findOp(name);
+  for (const auto& overload : overloads_of(schema.operator_name())) {
+    if (overload == schema.overload_name()) continue;
+    auto candidate = c10::Dispatcher::singleton().findOp({schema.name(), overload});
     if (!candidate.has_value() || !candidate->hasSchema()) continue;
     const auto& cs = candidate->schema();
     const auto& cargs = cs.arguments();

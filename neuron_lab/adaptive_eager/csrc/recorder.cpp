@@ -207,8 +207,8 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
                  "grow, e.g. a KV cache)";
       break;
   }
-  e.detail = unrepeated ? repeated + ", so building graphs costs more than fusing saves: ops run at once while the "
-                                     "device is idle"
+  e.detail = unrepeated ? repeated + ", so building graphs costs more than fusing saves: ops run at once while "
+                                     "nothing is buffered"
                         : "the stretches of ops of " + std::to_string(kRepeatingProbes) +
                               " probes in a row repeated cached graphs";
   e.source = trace::capture();
@@ -564,14 +564,15 @@ void start_op() {
   tl_in_at_once_kernel = false;
 }
 
-// Graphs do not repeat: with nothing buffered and the device idle, an op on `device` runs
-// at once, on this thread, as blocking mode runs it (the same CPU kernel: the same
-// numbers). Counts the op when it does.
-bool runs_at_once(c10::DeviceIndex device) {
+// Graphs do not repeat: with nothing buffered, an op runs at once, on this thread, as
+// blocking mode runs it (the same CPU kernel: the same numbers). Counts the op when it does.
+// The device may still run a launch (a probe's): the op then waits for the launches that use
+// its tensors' memory (begin_unboxed_op, prepare_inline) rather than start a graph that
+// would never repeat (a probe's token recorded 44 more ops so, in two graphs, not one).
+bool runs_at_once() {
   if (!(repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
         policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
-        g_buffered_records.load(std::memory_order_acquire) == 0 &&
-        stream_idle(stream_state(current_stream(device))))) {
+        g_buffered_records.load(std::memory_order_acquire) == 0)) {
     return false;
   }
   g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
@@ -618,7 +619,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!scan.ok) return refuse("it mixes devices or reads host memory");
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
-  if (runs_at_once(scan.device)) {
+  if (runs_at_once()) {
     tl_run_at_once = true;
     return false;
   }
@@ -874,7 +875,7 @@ bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view
     for (const at::Tensor* t : tensors) materialize(t->storage());
     return true;
   }
-  if (!runs_at_once(tensors.front()->device().index())) return false;
+  if (!runs_at_once()) return false;
   tl_in_at_once_kernel = true;
   for (const at::Tensor* t : tensors) {
     wait_for_storage(t->storage());
