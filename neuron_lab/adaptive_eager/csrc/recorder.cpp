@@ -801,14 +801,22 @@ void note_sync(Reason reason, std::string_view what) {
 
 namespace {
 // An op about to run inline: a host wait for the repeat policy, and a count by op.
-std::string count_inline_op(Reason reason, std::string_view what) {
+// What an op run inline is counted and logged under: the op, else the reason's words.
+std::string_view inline_trigger(Reason reason, std::string_view what) {
+  return what.empty() ? std::string_view(reason_name(reason)) : what;
+}
+
+// Counts an op run inline under its trigger (a string is made only for a trigger's first
+// op: blocking mode counts every op it runs).
+void count_inline_op(Reason reason, std::string_view what) {
   repeats().note_host_wait(reason);
-  std::string trigger = what.empty() ? std::string(reason_name(reason)) : std::string(what);
+  const std::string_view trigger = inline_trigger(reason, what);
   auto& c = counters();
   c.inline_ops.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(c.mutex);
-  c.inline_by_op[trigger] += 1;
-  return trigger;
+  auto it = c.inline_by_op.find(trigger);
+  if (it == c.inline_by_op.end()) it = c.inline_by_op.emplace(std::string(trigger), 0).first;
+  it->second += 1;
 }
 }  // namespace
 
@@ -826,7 +834,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
     }
     return;
   }
-  const std::string trigger = count_inline_op(reason, what);
+  count_inline_op(reason, what);
   // Blocking mode, or a kernel on a device thread: nothing is queued behind this work.
   if (mode() == Mode::Blocking || on_device_thread()) {
     for (const auto& t : tensors) {
@@ -834,6 +842,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
     }
     return;
   }
+  const std::string trigger(inline_trigger(reason, what));
   int device = -1;
   for (const auto& t : tensors) {
     if (t.defined() && t.device().type() == kNeuron) device = t.device().index();
