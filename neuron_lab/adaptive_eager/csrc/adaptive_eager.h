@@ -91,7 +91,7 @@ Policy& policy();
 // A loop whose shapes grow is recognised sooner than a full window: when kRegrownMisses
 // launches of small ops miss the cache although an earlier missed launch ran the same
 // operators (the same step with longer shapes), ops run at once from then on (generate()
-// then records its first 3 tokens instead of its first 11). Only launches of at least
+// then records its first 3 or 4 tokens instead of its first 11). Only launches of at least
 // kMinRegrownOps ops count: a test running one op over many shapes is not a loop.
 class RepeatTracker {
  public:
