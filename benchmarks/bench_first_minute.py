@@ -438,7 +438,7 @@ def cold(rounds: int, table: list, raw: dict) -> None:
     for key, what in (("first_op_s", "first relu(x@x).softmax().sum().item()"), ("backward_s", "+ module backward")):
         a = _median([r[key] for r in res["adaptive"]])
         c = _median([r[key] for r in res["cpu"]])
-        table.append((f"cold start: {what}", f"{a:.2f} s / - / {c:.2f} s", f"+{a - c:.2f} s over CPU",
+        table.append((f"cold start: {what}", f"{a:.2f} s / - / {c:.2f} s", f"{a - c:+.2f} s over CPU",
                       "from import torch", "-"))
 
 
