@@ -1150,10 +1150,27 @@ def test_a_step_whose_shapes_grow_runs_at_once_after_three_regrown_graphs() -> N
     events = _policy_events(start)
     assert [e.what for e in events] == ["ops run at once"], events
     assert "ran the operators of an earlier graph with new shapes" in events[0].detail
+    assert c["unrepeated_ops_small"]  # so an op waits for a probe's launch instead of recording
     before = ae.counters()["ops_run_at_once"]
     for n in range(6, 10):  # the same numbers when run at once
         _long_step_of_length(n, w)
     assert ae.counters()["ops_run_at_once"] > before
+
+
+def test_big_ops_that_never_repeat_are_not_small() -> None:
+    """A loop of 128 KiB ops whose every graph is new runs ops at once by the few-hits rule,
+    but not as small ops: an op arriving while a launch still runs is recorded behind it, so the
+    host records while the device computes."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(256, 256, device="neuron")
+    for n in range(1, 41):
+        x = torch.randn(128 + n, 256, device="neuron")
+        y = torch.tanh(x @ w) * 2 + 1
+        assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)
+    c = ae.counters()
+    assert c["graphs_unrepeated"], c
+    assert not c["unrepeated_ops_small"], c
 
 
 def test_one_op_over_many_shapes_keeps_recording() -> None:

@@ -96,7 +96,8 @@ def configure(
         (under 16 KiB written per op: a decoding loop whose fixed-shape prefix repeats), or
         3 graphs of small ops ran an earlier missed graph's operators with new shapes,
         building graphs costs more than fusing saves: ops
-        then run at once on the calling thread while nothing is buffered, with the same
+        then run at once on the calling thread while nothing is buffered (ops over 16 KiB:
+        and the device is idle), with the same
         kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
         and a recorded stretch every 16 host waits finds out when graphs repeat again).
     """

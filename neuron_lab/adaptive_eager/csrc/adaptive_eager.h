@@ -65,7 +65,8 @@ struct Policy {
   std::atomic<int64_t> graph_cache_size{1024};   // graphs cached at most (least recently used evicted)
   // When recent graphs never repeat (generate(): the KV cache grows every step), building
   // each costs more than fusing saves: ops then run at once on the calling thread while
-  // nothing is buffered, as blocking mode runs them (RepeatTracker).
+  // nothing is buffered (big ops: and the device is idle), as blocking mode runs them
+  // (RepeatTracker).
   std::atomic<bool> run_unrepeated_at_once{true};
 };
 Policy& policy();
@@ -112,6 +113,9 @@ class RepeatTracker {
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
   bool run_at_once() const { return unrepeated_.load(std::memory_order_relaxed) && !probing_.load(std::memory_order_relaxed); }
   bool unrepeated() const { return unrepeated_.load(std::memory_order_relaxed); }
+  // Whether the launches that made ops run at once wrote under kSmallOpBytes per op: such
+  // an op waits for a launch still running rather than be recorded behind it.
+  bool ops_are_small() const { return small_ops_.load(std::memory_order_relaxed); }
   void reset();
 
  private:
@@ -137,10 +141,11 @@ class RepeatTracker {
   void end_probe_locked();
   // Why ops start running at once (the event log's words).
   enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown };
-  // small_op_bytes: the bytes per op of the launches that made it switch.
+  // small_op_bytes: the bytes written per op by the launches that made it switch.
   void set_unrepeated_locked(bool unrepeated, Unrepeated why = Unrepeated::FewHits, int64_t small_op_bytes = 0);
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
+  std::atomic<bool> small_ops_{false};
 };
 RepeatTracker& repeats();
 

@@ -119,7 +119,14 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
   const int hits = std::popcount(window_);
-  if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true, Unrepeated::FewHits);
+  if (hits <= kMaxHitsUnrepeated) {
+    int64_t ops_in_window = 0, bytes_in_window = 0;
+    for (int slot = 0; slot < kWindow; ++slot) {
+      ops_in_window += launch_ops_[slot];
+      bytes_in_window += launch_bytes_[slot];
+    }
+    return set_unrepeated_locked(true, Unrepeated::FewHits, bytes_in_window / std::max<int64_t>(ops_in_window, 1));
+  }
   // Half misses or more, of small ops: a decoding loop's fixed-shape prefix hits, the
   // rest of each step grows. Both the hits and the misses must be small: a training loop's
   // graphs that hit, followed by a generate() call's that miss, are a program that changed
@@ -179,6 +186,7 @@ void RepeatTracker::end_probe_locked() {
 
 void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64_t small_op_bytes) {
   unrepeated_ = unrepeated;
+  small_ops_ = unrepeated && small_op_bytes < kSmallOpBytes;
   probe_every_ = kProbeEvery;
   // Each regime is judged on a window of its own launches: resumed recording must not
   // switch back at once on the misses from before the switch.
@@ -228,7 +236,7 @@ void RepeatTracker::reset() {
   next_recorded_miss_ = 0;
   regrown_misses_ = 0;
   probe_launched_ = false;
-  unrepeated_ = probing_ = false;
+  unrepeated_ = probing_ = small_ops_ = false;
 }
 
 RepeatTracker& repeats() {
@@ -564,17 +572,19 @@ void start_op() {
   tl_in_at_once_kernel = false;
 }
 
-// Graphs do not repeat: with nothing buffered, an op runs at once, on this thread, as
-// blocking mode runs it (the same CPU kernel: the same numbers). Counts the op when it does.
-// The device may still run a launch (a probe's): the op then waits for the launches that use
-// its tensors' memory (begin_unboxed_op, prepare_inline) rather than start a graph that
-// would never repeat (a probe's token recorded 44 more ops so, in two graphs, not one).
-bool runs_at_once() {
+// Graphs do not repeat: with nothing buffered, an op on `device` runs at once, on this
+// thread, as blocking mode runs it (the same CPU kernel: the same numbers). Counts the op
+// when it does. While the device still runs a launch (a probe's), a small op waits for the
+// launches that use its tensors' memory (begin_unboxed_op, prepare_inline) rather than start
+// a graph that would never repeat (a probe's token recorded 44 more ops so, in two graphs,
+// not one); big ops are recorded behind it, so the host records while the device computes.
+bool runs_at_once(c10::DeviceIndex device) {
   if (!(repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
         policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
         g_buffered_records.load(std::memory_order_acquire) == 0)) {
     return false;
   }
+  if (!repeats().ops_are_small() && !stream_idle(stream_state(current_stream(device)))) return false;
   g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
   counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
   return true;
@@ -619,7 +629,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (!scan.ok) return refuse("it mixes devices or reads host memory");
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
-  if (runs_at_once()) {
+  if (runs_at_once(scan.device)) {
     tl_run_at_once = true;
     return false;
   }
@@ -884,7 +894,7 @@ bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view
     for (const at::Tensor* t : tensors) materialize(t->storage());
     return true;
   }
-  if (!runs_at_once()) return false;
+  if (!runs_at_once(tensors.front()->device().index())) return false;
   tl_in_at_once_kernel = true;
   for (const at::Tensor* t : tensors) {
     wait_for_storage(t->storage());
