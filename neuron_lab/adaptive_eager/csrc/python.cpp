@@ -88,7 +88,7 @@ void register_bindings(py::module& m) {
     d["ops_run_at_once"] = c.ops_run_at_once.load();
     d["metas_computed"] = c.metas_computed.load();
     d["graphs_unrepeated"] = repeats().unrepeated();
-    d["unrepeated_ops_small"] = repeats().unrepeated() && repeats().ops_are_small();
+    d["unrepeated_ops_small"] = repeats().ops_are_small();  // false while ops are recorded
     std::lock_guard<std::mutex> lock(c.mutex);
     std::map<std::string, uint64_t> flushes;
     for (int r = 0; r < kReasons; ++r) {

@@ -116,34 +116,27 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
     return set_unrepeated_locked(true, Unrepeated::Regrown, written_bytes / ops);
   }
   if (seen_ < kWindow) return;
+  const int hits = std::popcount(window_);
+  static_assert(kMaxHitsUnrepeated <= kMaxHitsOfSmallOps, "both rules below need the window's sums");
+  if (hits > kMaxHitsOfSmallOps) return;
+  std::array<int64_t, 2> window_ops{}, window_bytes{};  // of the window's launches: [miss, hit]
+  for (int ago = 0; ago < kWindow; ++ago) {
+    const int was_hit = static_cast<int>((window_ >> ago) & 1u);
+    const int slot = (next_launch_ + kWindow - 1 - ago) % kWindow;
+    window_ops[was_hit] += launch_ops_[slot];
+    window_bytes[was_hit] += launch_bytes_[slot];
+  }
+  const int64_t all_ops = window_ops[0] + window_ops[1];
+  const int64_t bytes_per_op = (window_bytes[0] + window_bytes[1]) / std::max<int64_t>(all_ops, 1);
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
-  const int hits = std::popcount(window_);
-  if (hits <= kMaxHitsUnrepeated) {
-    int64_t ops_in_window = 0, bytes_in_window = 0;
-    for (int slot = 0; slot < kWindow; ++slot) {
-      ops_in_window += launch_ops_[slot];
-      bytes_in_window += launch_bytes_[slot];
-    }
-    return set_unrepeated_locked(true, Unrepeated::FewHits, bytes_in_window / std::max<int64_t>(ops_in_window, 1));
-  }
+  if (hits <= kMaxHitsUnrepeated) return set_unrepeated_locked(true, Unrepeated::FewHits, bytes_per_op);
   // Half misses or more, of small ops: a decoding loop's fixed-shape prefix hits, the
   // rest of each step grows. Both the hits and the misses must be small: a training loop's
   // graphs that hit, followed by a generate() call's that miss, are a program that changed
   // (the rule above sees it once the misses fill the window).
-  if (hits <= kMaxHitsOfSmallOps) {
-    std::array<int64_t, 2> ops{}, bytes{};  // [miss, hit]
-    for (int ago = 0; ago < kWindow; ++ago) {
-      const int hit = static_cast<int>((window_ >> ago) & 1u);
-      const int slot = (next_launch_ + kWindow - 1 - ago) % kWindow;
-      ops[hit] += launch_ops_[slot];
-      bytes[hit] += launch_bytes_[slot];
-    }
-    const bool small = bytes[0] < kSmallOpBytes * ops[0] && bytes[1] < kSmallOpBytes * ops[1];
-    if (small && ops[0] + ops[1] > 0) {
-      set_unrepeated_locked(true, Unrepeated::SmallOpsHalfHits, (bytes[0] + bytes[1]) / (ops[0] + ops[1]));
-    }
-  }
+  const bool small = window_bytes[0] < kSmallOpBytes * window_ops[0] && window_bytes[1] < kSmallOpBytes * window_ops[1];
+  if (small && all_ops > 0) set_unrepeated_locked(true, Unrepeated::SmallOpsHalfHits, bytes_per_op);
 }
 
 bool RepeatTracker::note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
