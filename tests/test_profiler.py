@@ -69,6 +69,32 @@ def test_table_rows_and_counts_for_a_known_workload():
     assert "(1 of" in str(top1)
 
 
+def test_each_op_of_a_long_function_carries_its_own_line(tmp_path):
+    # 600 ops on 600 lines of one function (as in torch.compile's FX graphs), run twice:
+    # more distinct instructions than the per-thread line cache holds, looked up in
+    # order and then from the top again. Every op must name its own line.
+    n_ops = 600
+    body = "".join(f"    x = x + {i}\n" for i in range(n_ops))
+    path = tmp_path / "long_function.py"
+    path.write_text("def long_function(x):\n" + body + "    return x\n")
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    x = torch.zeros(4, device="neuron")
+    torch.neuron.synchronize()
+    neuron_lab.configure(run_unrepeated_at_once=False)  # record all 1200 (none run at once)
+    try:
+        with neuron_lab.profiler.profile() as prof:
+            results = [namespace["long_function"](x) for _ in range(2)]
+            torch.neuron.synchronize()
+    finally:
+        neuron_lab.configure(run_unrepeated_at_once=True)
+    assert all(r.cpu().tolist() == [float(sum(range(n_ops)))] * 4 for r in results)
+    ops = [o for launch in prof.launches for o in launch.ops if o.name == "aten::add"]
+    assert len(ops) == 2 * n_ops
+    assert all(o.source is not None and o.source.file == str(path) for o in ops)
+    assert [o.source.line for o in ops] == list(range(2, 2 + n_ops)) * 2
+
+
 def test_table_rejects_bad_arguments_with_the_fix():
     with neuron_lab.profiler.profile() as prof:
         (torch.ones(4, device="neuron") + 1).sum().item()
