@@ -351,7 +351,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optiona
     module docstring); the other options and the mode configure TorchInductor's compile
     of inline graphs (see ``_inductor_config``)."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     from neuron_lab.adaptive_eager import compiler
     from neuron_lab.compile import device_interface
@@ -365,6 +364,22 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: list, mode: Optiona
         fw_compiler=functools.partial(_compile_graph, "forward", launch_kind, config_patches),
         bw_compiler=functools.partial(_compile_graph, "backward", launch_kind, config_patches),
         inference_compiler=functools.partial(_compile_graph, "inference", launch_kind, config_patches),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=_partition_for(launch_kind),
         keep_inference_input_mutations=True,
     )(gm, example_inputs)
+
+
+def _partition_for(launch_kind: str) -> Callable:
+    """How AOTAutograd splits a training graph into forward and backward.
+
+    Async graphs run their ATen ops as eager mode would, so they keep what eager's autograd
+    keeps: the forward saves the values the backward needs (``default_partition``), with no
+    recomputation. Inductor's min-cut partition pays off when Inductor fuses the recomputed
+    ops (inline graphs); for async graphs it would add ops to the backward, and its CSE pass
+    imports much of Inductor: 0.6 s more on the first step of a tiny Llama (benchmarks/
+    bench_first_minute.py, row compile), before any op runs."""
+    from torch._functorch import partitioners
+
+    if launch_kind == "inline":
+        return partitioners.min_cut_rematerialization_partition
+    return partitioners.default_partition
