@@ -208,7 +208,7 @@ void Launch::replay_one(Record& r) {
       HeldWarnings held;
       {
         c10::WarningUtils::WarningHandlerGuard hold(&held);
-        r.cls->out_twin->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+        run_host_kernel(*r.cls->out_twin, kCpuKeys, &stack);
       }
       bool kept = true;
       for (size_t k = 0; k < outs.size(); ++k) {
@@ -225,7 +225,7 @@ void Launch::replay_one(Record& r) {
       hosts.clear();
     }
     auto stack = arguments();
-    r.op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    run_host_kernel(r.op, kCpuKeys, &stack);
     // Fresh results: copied into the memory the recorder gave them.
     size_t next = 0;
     auto adopt = [&](const at::Tensor& result) {

@@ -155,9 +155,9 @@ class TileCursor {
     torch::jit::Stack stack = stacks_[k];
     const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
     if (r.cls->out_twin.has_value()) {
-      r.cls->out_twin->redispatchBoxed(cpu, &stack);
+      run_host_kernel(*r.cls->out_twin, cpu, &stack);
     } else {
-      r.op.redispatchBoxed(cpu, &stack);
+      run_host_kernel(r.op, cpu, &stack);
     }
   }
 

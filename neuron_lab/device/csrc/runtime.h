@@ -10,6 +10,7 @@
 //   random_kernels.cpp  random ops that draw from the core's generator (native_dropout), and
 //                  dropout's fused pointwise ops (neuron::dropout_apply, neuron::masked_scale)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
 //   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   source.cpp     the user's source line of an op, a launch or a wait (trace.h)
@@ -19,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/Generator.h>
+#include <ATen/core/stack.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Device.h>
 #include <c10/core/Stream.h>
@@ -34,7 +36,10 @@
 #include <string>
 #include <vector>
 
-namespace c10 { struct Argument; }  // an op schema's argument (ATen/core/function_schema.h)
+namespace c10 {
+struct Argument;        // an op schema's argument (ATen/core/function_schema.h)
+class OperatorHandle;   // ATen/core/dispatch/Dispatcher.h
+}  // namespace c10
 
 namespace neuron {
 
@@ -245,6 +250,11 @@ at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_
 // a resize or restride the kernel made to the alias is made to `original` too.
 void write_back(const at::Tensor& original, const at::Tensor& host);
 
+// ---- running an op on the host (host_kernels.cpp) ----------------------------
+// Runs `op` on the host tensors of a boxed stack: ATen's kernel for `keys`, or a faster
+// one with the same results bit for bit where there is one.
+void run_host_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+
 // ---- host kernels that allocate device memory (allocator.cpp) -----------------
 // While alive, CPU tensors allocated on this thread take memory of NeuronCore
 // `device` (a host kernel's results), so that they can be adopted without a copy;
@@ -320,7 +330,6 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_size);
 }  // namespace neuron
 
 namespace c10 { class OperatorHandle; }
-namespace torch::jit { using Stack = std::vector<c10::IValue>; }
 namespace neuron {
 // Runs one aten op on the CPU kernel over the same memory (fallback.cpp).
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
