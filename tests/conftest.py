@@ -30,6 +30,18 @@ def _recording() -> None:
     ae.forget_repeats()
 
 
+MODES = ("eager", "adaptive", "blocking")
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    """A test that takes ``mode`` runs once in each of the device's modes (a test module's
+    own ``parametrize("mode", ...)`` takes precedence)."""
+    with neuron_lab.mode(request.param):
+        yield request.param
+    torch.neuron.synchronize()
+
+
 # ---- a real IPython shell (tests of the Jupyter layer) -----------------------------------
 
 

@@ -11,16 +11,6 @@ import torch.nn.functional as F
 
 import neuron_lab
 
-MODES = ("eager", "adaptive", "blocking")
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    with neuron_lab.mode(request.param):
-        yield request.param
-    torch.neuron.synchronize()
-
-
 def masks() -> list[torch.Tensor]:
     """Bool tensors with all-true, all-false and mixed rows, of row lengths around the
     word sizes a row check might use."""

@@ -14,16 +14,6 @@ from neuron_lab import adaptive_eager
 from neuron_lab import kernels as nk
 from neuron_lab.kernels import kernel
 
-MODES = ("eager", "adaptive", "blocking")
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    with neuron_lab.mode(request.param):
-        yield request.param
-    torch.neuron.synchronize()
-
-
 def leaf(t: Tensor) -> Tensor:
     return t.detach().clone().requires_grad_()
 
