@@ -27,6 +27,7 @@
 #include <atomic>
 #include <deque>
 #include <unordered_map>
+#include <vector>
 
 namespace neuron::trace {
 namespace {
@@ -133,36 +134,55 @@ struct CachedLine {
 constexpr size_t kCachedLines = 512;
 thread_local std::array<CachedLine, kCachedLines> tl_lines;
 
-// Per thread and code object, a position in its line table. CPython's decoder walks the
-// table from where it stands, so a lookup next to the previous one costs a step or two:
-// the ops of one long function (torch.compile's FX graphs run hundreds of ops, more
-// instructions than the line cache above holds) are looked up in order, and decoding
-// each from the table's start made line lookups a tenth of the host's time in a
-// compiled training step.
-struct LineCursor {
+// Per thread and code object, the line of each of its instructions, decoded in one forward
+// pass: torch.compile's FX graphs run hundreds of ops from one function, more instructions
+// than the line cache above holds, and decoding each miss from the table's start made line
+// lookups a tenth of the host's time in a compiled training step. A table is reused only
+// for the same code object, line table, table length, first line and size; a code object
+// freed and another allocated at its address with all of those equal could read a wrong
+// line, never outside the table.
+struct LineTable {
   PyCodeObject* code = nullptr;
   PyObject* linetable = nullptr;
-  PyCodeAddressRange range{};
+  Py_ssize_t length = 0;
+  int firstlineno = 0;
+  std::vector<int> line_of_unit;  // indexed by instruction (code unit)
 };
-constexpr size_t kLineCursors = 64;
-thread_local std::array<LineCursor, kLineCursors> tl_cursors;
+constexpr size_t kLineTables = 64;
+constexpr Py_ssize_t kMaxTabledUnits = Py_ssize_t{1} << 16;  // bigger functions: CPython's lookup
+thread_local std::array<LineTable, kLineTables> tl_tables;
 
 int decode_line(PyCodeObject* code, int lasti) {
   if (lasti < 0) return code->co_firstlineno;  // as PyCode_Addr2Line
-  auto& cursor = tl_cursors[(reinterpret_cast<uintptr_t>(code) >> 4) % kLineCursors];
-  if (cursor.code != code || cursor.linetable != code->co_linetable) {
-    // What CPython's _PyCode_InitAddressRange does (not exported): before the first entry.
-    cursor.code = code;
-    cursor.linetable = code->co_linetable;
-    const auto* table = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(code->co_linetable));
-    cursor.range.opaque.lo_next = table;
-    cursor.range.opaque.limit = table + PyBytes_GET_SIZE(code->co_linetable);
-    cursor.range.opaque.computed_line = code->co_firstlineno;
-    cursor.range.ar_start = -1;
-    cursor.range.ar_end = 0;
-    cursor.range.ar_line = -1;
+  const Py_ssize_t units = Py_SIZE(code);      // CPython 3.11: the code's length in code units
+  if (units > kMaxTabledUnits || lasti >= units) {
+    return PyCode_Addr2Line(code, lasti * static_cast<int>(sizeof(_Py_CODEUNIT)));
   }
-  return _PyCode_CheckLineNumber(lasti * static_cast<int>(sizeof(_Py_CODEUNIT)), &cursor.range);
+  auto& t = tl_tables[(reinterpret_cast<uintptr_t>(code) >> 4) % kLineTables];
+  const Py_ssize_t length = PyBytes_GET_SIZE(code->co_linetable);
+  if (t.code != code || t.linetable != code->co_linetable || t.length != length ||
+      t.firstlineno != code->co_firstlineno || static_cast<Py_ssize_t>(t.line_of_unit.size()) != units) {
+    t.code = code;
+    t.linetable = code->co_linetable;
+    t.length = length;
+    t.firstlineno = code->co_firstlineno;
+    // What CPython's _PyCode_InitAddressRange does (not exported): before the first entry;
+    // its decoder then only steps forward.
+    PyCodeAddressRange range{};
+    const auto* table = reinterpret_cast<const uint8_t*>(PyBytes_AS_STRING(code->co_linetable));
+    range.opaque.lo_next = table;
+    range.opaque.limit = table + length;
+    range.opaque.computed_line = code->co_firstlineno;
+    range.ar_start = -1;
+    range.ar_end = 0;
+    range.ar_line = -1;
+    t.line_of_unit.resize(static_cast<size_t>(units));
+    for (Py_ssize_t unit = 0; unit < units; ++unit) {
+      t.line_of_unit[static_cast<size_t>(unit)] =
+          _PyCode_CheckLineNumber(static_cast<int>(unit * static_cast<Py_ssize_t>(sizeof(_Py_CODEUNIT))), &range);
+    }
+  }
+  return t.line_of_unit[static_cast<size_t>(lasti)];
 }
 
 int cached_line(PyCodeObject* code, int lasti) {
