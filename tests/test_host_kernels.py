@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import neuron_lab
 
 def masks() -> list[torch.Tensor]:
     """Bool tensors with all-true, all-false and mixed rows, of row lengths around the

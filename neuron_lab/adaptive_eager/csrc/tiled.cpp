@@ -153,12 +153,7 @@ class TileCursor {
   // Runs the tile of the run's `k`-th record.
   void run(const Record& r, size_t k) {
     torch::jit::Stack stack = stacks_[k];
-    const auto cpu = c10::DispatchKeySet(c10::DispatchKey::CPU);
-    if (r.cls->out_twin.has_value()) {
-      run_host_kernel(*r.cls->out_twin, cpu, &stack);
-    } else {
-      run_host_kernel(r.op, cpu, &stack);
-    }
+    run_host_kernel(r.cls->out_twin.has_value() ? *r.cls->out_twin : r.op, &stack);
   }
 
  private:

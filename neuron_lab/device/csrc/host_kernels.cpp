@@ -83,8 +83,8 @@ bool try_all_of_rows(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
-void run_host_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
-  if (!try_all_of_rows(op, stack)) op.redispatchBoxed(keys, stack);
+void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (!try_all_of_rows(op, stack)) op.redispatchBoxed(kCpuKeys, stack);
 }
 
 }  // namespace neuron

@@ -251,9 +251,9 @@ at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_
 void write_back(const at::Tensor& original, const at::Tensor& host);
 
 // ---- running an op on the host (host_kernels.cpp) ----------------------------
-// Runs `op` on the host tensors of a boxed stack: ATen's kernel for `keys`, or a faster
-// one with the same results bit for bit where there is one.
-void run_host_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack);
+// Runs `op` on the host tensors of a boxed stack: ATen's CPU kernel, or a faster one with
+// the same results bit for bit where there is one.
+void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // ---- host kernels that allocate device memory (allocator.cpp) -----------------
 // While alive, CPU tensors allocated on this thread take memory of NeuronCore
@@ -329,7 +329,6 @@ namespace neuron {
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size);
 }  // namespace neuron
 
-namespace c10 { class OperatorHandle; }
 namespace neuron {
 // Runs one aten op on the CPU kernel over the same memory (fallback.cpp).
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
