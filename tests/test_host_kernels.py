@@ -5,6 +5,8 @@ ATen's kernel."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,95 @@ def test_inputs_the_fast_kernel_declines_still_equal_the_cpu(mode):
     assert torch.equal(torch.all(empty_rows.to("neuron"), -1).cpu(), empty_rows.all(-1))
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as integers, so that NaN payloads and the sign of zero count."""
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
+
+
+def special_floats(dtype: torch.dtype, n: int) -> torch.Tensor:
+    """n values of dtype, among them -inf, +inf, NaNs of both signs, -0.0, subnormals and
+    the extreme finite values, at positions that fall in vector blocks and in the tail."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    info = torch.finfo(dtype)
+    specials = [float("-inf"), float("inf"), float("nan"), -float("nan"), -0.0, info.tiny / 4, -info.tiny / 4,
+                info.max, info.min, float("-inf")]
+    for i, v in enumerate(specials):
+        if n:
+            x[(i * 7) % n] = v
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_isneginf_equals_the_cpu(mode, dtype):
+    for n in [0, 1, 15, 16, 17, 33, 64 * 64 + 5]:
+        x = special_floats(dtype, n)
+        for t in (x, x.view(1, -1) if n else x):
+            assert torch.equal(t.to("neuron").isneginf().cpu(), t.isneginf()), (dtype, n)
+        out = torch.empty(n, dtype=torch.bool, device="neuron")
+        assert torch.isneginf(x.to("neuron"), out=out) is out and torch.equal(out.cpu(), x.isneginf())
+
+
+def test_isneginf_inputs_the_fast_kernel_declines_still_equal_the_cpu(mode):
+    x = special_floats(torch.float32, 40).view(4, 10)
+    for t in (x.t(), x.half(), x.bfloat16(), torch.arange(6), torch.tensor([True, False])):
+        assert torch.equal(t.to("neuron").isneginf().cpu(), t.isneginf()), t.dtype
+    wrong = torch.empty(3, dtype=torch.bool, device="neuron")  # resized as ATen resizes it, with its warning
+    with pytest.warns(UserWarning, match="resized"):
+        torch.isneginf(x.to("neuron"), out=wrong)
+    assert wrong.shape == x.shape and torch.equal(wrong.cpu(), x.isneginf())
+
+
+def row_conditions(shape: tuple[int, ...]) -> torch.Tensor:
+    """One bool per row of `shape` (its last dim 1), true and false rows mixed."""
+    rows = torch.rand(*shape[:-1], 1, generator=torch.Generator().manual_seed(len(shape))) > 0.5
+    rows.view(-1)[0], rows.view(-1)[-1] = True, False
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_where_over_rows_equals_the_cpu_bit_for_bit(mode, dtype):
+    for shape in [(2, 1), (3, 17), (8, 4, 9, 65)]:
+        full = special_floats(torch.float64, math.prod(shape)).view(shape)
+        full = (full > 0) if dtype == torch.bool else full.to(dtype) if dtype.is_floating_point else (full * 100).to(dtype)
+        scalar = torch.tensor(True if dtype == torch.bool else -0.0 if dtype.is_floating_point else -7, dtype=dtype)
+        rows = row_conditions(shape)
+        for args in [(rows, scalar, full), (rows, full, scalar)]:  # the scalar where true, and where false
+            expected = torch.where(*args)
+            for _ in range(3):  # recorded, then replayed from the graph cache
+                got = torch.where(*(a.to("neuron") for a in args)).cpu()
+                assert got.dtype == dtype and torch.equal(bits(got), bits(expected)), (dtype, shape)
+            out = torch.empty(shape, dtype=dtype, device="neuron")
+            assert torch.where(*(a.to("neuron") for a in args), out=out) is out
+            assert torch.equal(bits(out.cpu()), bits(expected))
+
+
+def test_where_inputs_the_fast_kernel_declines_still_equal_the_cpu(mode):
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 5, generator=g)
+    rows, zero = row_conditions((6, 5)), torch.tensor(0.0)
+    cases = [
+        (torch.rand(6, 5, generator=g) > 0.5, zero, x),  # a condition per element
+        (rows.view(6, 1)[:1].expand(1, 1), zero, x),  # a condition that broadcasts over rows
+        (rows, torch.tensor(2.5, dtype=torch.float64), x),  # a double scalar: no promotion, a cast
+        (rows, zero, x.t().contiguous().t()),  # not contiguous
+        (rows, torch.tensor(3), x.double()),  # an integer scalar with doubles
+        (rows.view(6), zero, x[:, 0]),  # a condition without its row dim of 1
+    ]
+    for args in cases:
+        expected = torch.where(*args)
+        got = torch.where(*(a.to("neuron") for a in args)).cpu()
+        assert got.dtype == expected.dtype and torch.equal(bits(got), bits(expected)), [a.shape for a in args]
+    # out= that is an input (ATen's kernel takes it), and out= that must be resized.
+    into = x.to("neuron")
+    torch.where(rows.to("neuron"), zero.to("neuron"), into, out=into)
+    assert torch.equal(into.cpu(), torch.where(rows, zero, x))
+    wrong = torch.empty(3, device="neuron")
+    with pytest.warns(UserWarning, match="resized"):
+        torch.where(rows.to("neuron"), zero.to("neuron"), x.to("neuron"), out=wrong)
+    assert wrong.shape == x.shape and torch.equal(wrong.cpu(), torch.where(rows, zero, x))
+
+
 def test_safe_softmax_of_fully_masked_rows_equals_the_cpu(mode):
     # scaled_dot_product_attention's math path checks every row of scores with all().
     g = torch.Generator().manual_seed(3)
@@ -66,6 +157,9 @@ def test_safe_softmax_of_fully_masked_rows_equals_the_cpu(mode):
         got = F.scaled_dot_product_attention(*(t.to("neuron") for t in (q, k, v)), attn_mask=mask.to("neuron"))
         assert torch.equal(got.cpu(), expected)
     scores = torch.randn(4, 6, generator=g)
-    scores[1] = float("-inf")
+    scores[1] = float("-inf")  # a fully masked row: zeros
+    scores[2, 3] = float("nan")  # a NaN row stays NaN, bit for bit
+    scores[3, :5] = float("-inf")
     expected = torch.ops.aten._safe_softmax(scores, -1)
-    assert torch.equal(torch.ops.aten._safe_softmax(scores.to("neuron"), -1).cpu(), expected)
+    for _ in range(3):
+        assert torch.equal(bits(torch.ops.aten._safe_softmax(scores.to("neuron"), -1).cpu()), bits(expected))
