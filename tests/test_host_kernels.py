@@ -11,6 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import neuron_lab
+from neuron_lab.device import trace
+
 
 def masks() -> list[torch.Tensor]:
     """Bool tensors with all-true, all-false and mixed rows, of row lengths around the
@@ -136,14 +139,40 @@ def test_where_inputs_the_fast_kernel_declines_still_equal_the_cpu(mode):
         expected = torch.where(*args)
         got = torch.where(*(a.to("neuron") for a in args)).cpu()
         assert got.dtype == expected.dtype and torch.equal(bits(got), bits(expected)), [a.shape for a in args]
-    # out= that is an input (ATen's kernel takes it), and out= that must be resized.
-    into = x.to("neuron")
-    torch.where(rows.to("neuron"), zero.to("neuron"), into, out=into)
-    assert torch.equal(into.cpu(), torch.where(rows, zero, x))
+    # out= that must be resized.
     wrong = torch.empty(3, device="neuron")
     with pytest.warns(UserWarning, match="resized"):
         torch.where(rows.to("neuron"), zero.to("neuron"), x.to("neuron"), out=wrong)
     assert wrong.shape == x.shape and torch.equal(wrong.cpu(), torch.where(rows, zero, x))
+
+
+def test_where_over_rows_into_its_own_input_and_overlaps(mode):
+    """A recorded graph may place where's result in the memory of its full-size input: the
+    rows are then filled or left in place. An out= that overlaps an input any other way
+    declines the fast kernel, so ATen's kernel raises its error, and nothing is lost."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(6, 5, generator=g)
+    rows, zero = row_conditions((6, 5)), torch.tensor(-0.0)
+    for args in [(rows, zero, x), (rows, x, zero)]:
+        expected = torch.where(*args)
+        into = x.to("neuron")
+        neuron_args = [into if a is x else a.to("neuron") for a in args]
+        assert torch.where(*neuron_args, out=into) is into
+        assert torch.equal(bits(into.cpu()), bits(expected))
+    kept = x.to("neuron") * 1
+    buffer = torch.randn(31, generator=g).to("neuron")
+    with pytest.raises(RuntimeError, match="refer to a single memory location"):
+        torch.where(rows.to("neuron"), zero.to("neuron"), buffer[:30].view(6, 5), out=buffer[1:].view(6, 5))
+        buffer.cpu()
+    assert torch.equal(kept.cpu(), x)  # the runtime and what it computed before are intact
+    # The graph of a step that places where's result over softmax's (the way _safe_softmax's
+    # where meets its input in a training step's replay): equal to the CPU, replayed.
+    scores = torch.randn(4, 3, 8, 8, generator=g)
+    scores[0, 1, 2] = float("-inf")
+    expected = torch.ops.aten._safe_softmax(scores, -1) * 2
+    for _ in range(3):
+        got = torch.ops.aten._safe_softmax(scores.to("neuron"), -1) * 2
+        assert torch.equal(bits(got.cpu()), bits(expected))
 
 
 def test_safe_softmax_of_fully_masked_rows_equals_the_cpu(mode):
@@ -163,3 +192,26 @@ def test_safe_softmax_of_fully_masked_rows_equals_the_cpu(mode):
     expected = torch.ops.aten._safe_softmax(scores, -1)
     for _ in range(3):
         assert torch.equal(bits(torch.ops.aten._safe_softmax(scores.to("neuron"), -1).cpu()), bits(expected))
+
+
+def test_the_fast_kernels_run_where_they_apply_and_only_there():
+    """Eager mode runs every op through the fallback: each call the fast kernels take counts
+    once in device_counters()["host_kernel_ops"], and a declined input does not (so the
+    bit-for-bit tests above test the fast kernels, not ATen's)."""
+
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    x = special_floats(torch.float32, 4 * 6 * 9).view(4, 6, 9).to("neuron")
+    rows, zero = row_conditions((4, 6, 9)).to("neuron"), torch.tensor(0.0, device="neuron")
+    with neuron_lab.mode("eager"):
+        assert runs(lambda: x.isneginf()) == 1
+        assert runs(lambda: torch.all(x > 0, -1)) == 1
+        assert runs(lambda: torch.where(rows, zero, x)) == 1
+        assert runs(lambda: torch.ops.aten._safe_softmax(x, -1)) == 3
+        assert runs(lambda: x.transpose(0, 1).isneginf()) == 0
+        assert runs(lambda: torch.all(x > 0, 0)) == 0
+        assert runs(lambda: torch.where(rows, zero.double(), x)) == 0

@@ -101,6 +101,8 @@ def reset_launch_times() -> None:
 def device_counters() -> dict[str, int]:
     """The device's own counters since start: ``host_to_device_bytes``, ``device_to_host_bytes``,
     ``device_to_device_bytes`` (copies), ``fallback_ops`` (ops run by the CPU fallback),
-    ``unboxed_ops`` (of those, the hot ops that skipped boxing their arguments), ``output_copies`` and ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state
-    twist at a time: ATen's draws, faster)."""
+    ``unboxed_ops`` (of those, the hot ops that skipped boxing their arguments), ``output_copies``,
+    ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state twist at a time: ATen's
+    draws, faster) and ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
+    its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``)."""
     return dict(_C.counters())

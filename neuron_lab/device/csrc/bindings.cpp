@@ -202,6 +202,7 @@ PYBIND11_MODULE(_C, m) {
     d["device_to_host_bytes"] = c.device_to_host_bytes.load();
     d["device_to_device_bytes"] = c.device_to_device_bytes.load();
     d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
+    d["host_kernel_ops"] = c.host_kernel_ops.load();
     return d;
   });
 }

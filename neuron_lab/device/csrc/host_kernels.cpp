@@ -11,7 +11,8 @@
 //   where(rows, 0.0, softmax)    a row is copied or filled whole; ATen 83 us
 // Each takes only the inputs it was written for (contiguous, the result's exact dtype, no
 // broadcasting beyond a per-row condition, an out= of the result's exact shape that overlaps
-// no input); anything else runs ATen's kernel, with ATen's semantics, warnings and errors.
+// no input, or where's out= over its full-size input exactly); anything else runs ATen's
+// kernel, with ATen's semantics, warnings and errors.
 #include "runtime.h"
 
 #include <ATen/MemoryOverlap.h>
@@ -36,9 +37,12 @@ using Sizes = c10::SmallVector<int64_t, 6>;
 
 // A new contiguous tensor for a functional op; for an out= op, the caller's out, when it
 // already is what ATen would make it (an out= that must be resized or cast, or that shares
-// memory with an input, declines: ATen's kernel resizes, casts, warns or raises).
+// memory with an input, declines: ATen's kernel resizes, casts, warns or raises). An
+// elementwise kernel may also write over `same_as`, an input of the result's exact layout
+// (a recorded graph places a result in the memory of an input that dies with the op).
 std::optional<at::Tensor> result_tensor(const c10::IValue* out_arg, c10::IntArrayRef sizes, at::ScalarType dtype,
-                                        std::initializer_list<const at::Tensor*> inputs) {
+                                        std::initializer_list<const at::Tensor*> inputs,
+                                        const at::Tensor* same_as = nullptr) {
   if (out_arg == nullptr) return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::kCPU));
   if (!out_arg->isTensor()) return std::nullopt;
   const at::Tensor& out = out_arg->toTensor();
@@ -47,7 +51,10 @@ std::optional<at::Tensor> result_tensor(const c10::IValue* out_arg, c10::IntArra
     return std::nullopt;
   }
   for (const at::Tensor* input : inputs) {
-    if (at::get_overlap_status(out, *input) != at::MemOverlapStatus::No) return std::nullopt;
+    if (at::get_overlap_status(out, *input) == at::MemOverlapStatus::No) continue;
+    const bool same_memory = input == same_as && input->const_data_ptr() == out.const_data_ptr() &&
+                             input->is_contiguous() && input->sizes() == sizes && input->scalar_type() == dtype;
+    if (!same_memory) return std::nullopt;
   }
   return out;
 }
@@ -161,7 +168,7 @@ bool try_where_rows(const c10::IValue* args, const c10::IValue* out_arg, torch::
       cond.sizes().slice(0, cond.dim() - 1) != full.sizes().slice(0, full.dim() - 1)) {
     return false;
   }
-  auto result = result_tensor(out_arg, full.sizes(), full.scalar_type(), {&cond, &a, &b});
+  auto result = result_tensor(out_arg, full.sizes(), full.scalar_type(), {&cond, &a, &b}, &full);
   if (!result.has_value()) return false;
   const auto* rows_true = static_cast<const bool*>(cond.const_data_ptr());
   const auto* src = static_cast<const char*>(full.const_data_ptr());
@@ -175,7 +182,7 @@ bool try_where_rows(const c10::IValue* args, const c10::IValue* out_arg, torch::
     char* out_row = dst + r * row_bytes;
     if (rows_true[r] == scalar_when_true) {
       fill_elements(out_row, value, elem, row);
-    } else {
+    } else if (out_row != src + r * row_bytes) {  // else: written over `full`, the row is in place
       std::memcpy(out_row, src + r * row_bytes, row_bytes);
     }
   }
@@ -216,7 +223,9 @@ bool try_fast_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (e.op != op) continue;
     if (stack->size() < e.n_args) return false;
     const c10::IValue* args = &(*stack)[stack->size() - e.n_args];
-    return e.kernel(args, e.out_variant ? &args[e.n_args - 1] : nullptr, stack, e.n_args);
+    if (!e.kernel(args, e.out_variant ? &args[e.n_args - 1] : nullptr, stack, e.n_args)) return false;
+    op_counters().host_kernel_ops += 1;
+    return true;
   }
   return false;
 }

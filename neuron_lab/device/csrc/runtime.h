@@ -310,7 +310,7 @@ class HostResults {
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
 
-// Counters the observability layer reads (fallback.cpp, random_kernels.cpp).
+// Counters the observability layer reads (fallback.cpp, random_kernels.cpp, host_kernels.cpp).
 struct OpCounters {
   std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
   std::atomic<uint64_t> unboxed_ops{0};      // of those, run by the unboxed path (unboxed_ops.cpp)
@@ -319,6 +319,7 @@ struct OpCounters {
   std::atomic<uint64_t> device_to_host_bytes{0};
   std::atomic<uint64_t> device_to_device_bytes{0};
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
+  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp)
 };
 OpCounters& op_counters();
 
