@@ -215,3 +215,26 @@ def test_the_fast_kernels_run_where_they_apply_and_only_there():
         assert runs(lambda: x.transpose(0, 1).isneginf()) == 0
         assert runs(lambda: torch.all(x > 0, 0)) == 0
         assert runs(lambda: torch.where(rows, zero.double(), x)) == 0
+
+
+def test_isneginf_in_tiled_replay_equals_the_cpu():
+    """Replay runs a chain of elementwise ops over large tensors tile by tile: the fast
+    kernel then sees each tile, and the bits must not change."""
+    from neuron_lab import adaptive_eager
+    from neuron_lab.adaptive_eager.stats import counters
+
+    adaptive_eager.forget_repeats()  # record, whatever earlier tests ran at once
+    x = special_floats(torch.float32, 4 * 65536)
+    x[::977], x[5::1013] = float("-inf"), float("nan")
+
+    def checks(t):
+        return ((t * 1.5).isneginf() & (t - 1.0).isneginf()) | (t * 0.5).isneginf()
+
+    expected, on_device = checks(x), x.to("neuron")
+    with neuron_lab.mode("adaptive"):
+        tiled_before = counters()["tiled_runs"]
+        kernels_before = trace.device_counters()["host_kernel_ops"]
+        for _ in range(4):  # recorded, then replayed
+            assert torch.equal(checks(on_device).cpu(), expected)
+        assert counters()["tiled_runs"] > tiled_before
+        assert trace.device_counters()["host_kernel_ops"] > kernels_before
