@@ -306,6 +306,36 @@ def test_explain_names_the_cause_and_line_of_a_recompile_and_a_sync():
     assert e.summary_line().startswith("neuron: wall ")
 
 
+def test_explain_says_what_differs_when_a_recompile_prints_the_same_inputs():
+    """Two calls whose inputs print alike (same dtypes and shapes) can still need another
+    graph: another memory layout, or other aliasing between the inputs. The explanation must
+    name that, not show two identical signatures (generate() slices input_ids[:, -1:] out of
+    a buffer that grows every token: the strides change, the shapes do not)."""
+
+    def step(x, y):
+        return (x * y).exp().sum()
+
+    neuron_lab.adaptive_eager.forget_repeats()  # record, whatever earlier tests ran at once
+    a, b = torch.randn(4, 16, device="neuron"), torch.randn(4, 16, device="neuron")
+    transposed = torch.randn(16, 4, device="neuron").t()
+    for _ in range(3):
+        step(a, b).item()  # the graph for two distinct row-major [4, 16] tensors
+    with neuron_lab.explain_scope() as e:
+        step(a, a).item()  # the same shapes, one tensor twice
+    (recompile,) = e.recompiles
+    assert "as before, but argument 2 uses the graph's buffer 0 here and buffer 1" in recompile.detail
+    assert "which tensors share memory differs" in recompile.detail and "Float[4, 16]" in recompile.detail
+    with neuron_lab.explain_scope() as e:
+        step(transposed, b).item()  # the same shapes, strides (1, 4)
+    (recompile,) = e.recompiles
+    assert "as before, but argument 1 has strides [1, 4] here and [16, 1]" in recompile.detail
+    # A shape change still shows both signatures.
+    with neuron_lab.explain_scope() as e:
+        step(a[:3], b[:3]).item()
+    (recompile,) = e.recompiles
+    assert "Float[3, 16]" in recompile.detail and "Float[4, 16]" in recompile.detail
+
+
 def test_every_host_wait_carries_a_typed_reason():
     from neuron_lab.observability.records import Reason
 

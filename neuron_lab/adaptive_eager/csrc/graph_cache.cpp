@@ -212,7 +212,8 @@ class WordReader {
       }
       case kDevice: next(); out << "neuron:" << next(); return;
       case kString: next(); next(); out << "str"; return;
-      default: next(); next(); out << "?"; return;  // generator, other
+      case kGenerator: next(); out << "Generator"; return;
+      default: next(); next(); out << "?"; return;  // an argument of another type
     }
   }
 
@@ -236,6 +237,138 @@ std::string describe_op(const Graph& g, size_t k) {
   }
   out << ")";
   return out.str();
+}
+
+// ---- what differs between two ops that print alike ---------------------------------------
+
+// One part of an op's key: what an argument or result is made of.
+struct Field {
+  std::string where;  // "argument 2", "result 1", "argument 1 element 3"
+  std::string what;   // memory, dtype, sizes, strides, offset, value
+  std::vector<int64_t> words;
+};
+
+// Splits one op's words (KeyBuilder::record) into fields, in order.
+class FieldReader {
+ public:
+  FieldReader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
+
+  std::vector<Field> op() {
+    std::vector<Field> out;
+    next();  // the op
+    const int64_t n_args = next();
+    for (int64_t i = 0; i < n_args; ++i) value("argument " + std::to_string(i + 1), out);
+    const int64_t n_results = next();
+    for (int64_t i = 0; i < n_results; ++i) tensor("result " + std::to_string(i + 1), out);
+    return out;
+  }
+
+ private:
+  int64_t next() { return at_ < end_ ? *at_++ : 0; }
+  int64_t peek() const { return at_ < end_ ? *at_ : 0; }
+  std::vector<int64_t> take(int64_t n) {
+    std::vector<int64_t> words;
+    for (int64_t i = 0; i < n; ++i) words.push_back(next());
+    return words;
+  }
+
+  void tensor(const std::string& where, std::vector<Field>& out) {
+    const int64_t tag = next();
+    if (tag == kUndefined) {
+      out.push_back({where, "value", {tag}});
+      return;
+    }
+    if (tag == kDeviceTensor) out.push_back({where, "memory", {next()}});
+    const int64_t dtype = next();
+    if (tag == kWrappedNumber) {
+      const auto type = static_cast<c10::ScalarType>(dtype);
+      std::vector<int64_t> words{dtype};
+      if (c10::isComplexType(type)) {
+        words.push_back(next());
+        words.push_back(next());
+      } else if (!c10::isFloatingType(type)) {
+        words.push_back(next());  // floating values are not in the key (Graph::compiled_scalars)
+      }
+      out.push_back({where, "value", words});
+      return;
+    }
+    out.push_back({where, tag == kHostTensor ? "dtype on cpu" : "dtype", {dtype}});
+    const int64_t dim = next();
+    out.push_back({where, "sizes", take(dim)});
+    out.push_back({where, "strides", take(dim)});
+    out.push_back({where, "offset", {next()}});
+  }
+
+  void value(const std::string& where, std::vector<Field>& out) {
+    const int64_t tag = peek();
+    switch (tag) {
+      case kUndefined: case kDeviceTensor: case kWrappedNumber: case kHostTensor: tensor(where, out); return;
+      case kTensorList: case kList: {
+        next();
+        const int64_t n = next();
+        out.push_back({where, "length", {n}});
+        for (int64_t i = 0; i < n; ++i) {
+          const std::string element = where + " element " + std::to_string(i + 1);
+          tag == kTensorList ? tensor(element, out) : value(element, out);
+        }
+        return;
+      }
+      case kIntList: {
+        next();
+        out.push_back({where, "value", take(next())});
+        return;
+      }
+      case kNone: case kDouble: case kGenerator: out.push_back({where, "value", {next()}}); return;
+      default: out.push_back({where, "value", take(2)}); return;  // a tag and one word
+    }
+  }
+
+  const int64_t* at_;
+  const int64_t* end_;
+};
+
+std::vector<Field> fields_of_op(const Graph& g, size_t k) {
+  const size_t begin = g.op_offsets[k];
+  const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
+  return FieldReader(g.key.data() + begin, g.key.data() + end).op();
+}
+
+std::string list_text(const std::vector<int64_t>& words) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < words.size(); ++i) out << (i ? ", " : "") << words[i];
+  out << "]";
+  return out.str();
+}
+
+// What differs in op `k` of graph `g` from the same op of `cached`, beyond what describe_op
+// prints (which memory an argument uses, its strides or offset, a result's layout); empty
+// when nothing does.
+std::string difference_in_op(const Graph& g, const Graph& cached, size_t k) {
+  const auto here = fields_of_op(g, k);
+  const auto there = fields_of_op(cached, k);
+  const std::string graph = "cached graph " + std::to_string(cached.id);
+  for (size_t i = 0; i < here.size() && i < there.size(); ++i) {
+    const Field& a = here[i];
+    const Field& b = there[i];
+    if (a.where == b.where && a.what == b.what && a.words == b.words) continue;
+    if (a.where != b.where || a.what != b.what) break;  // different structure: no finer answer
+    if (a.what == "memory") {
+      return a.where + " uses the graph's buffer " + std::to_string(a.words[0]) + " here and buffer " +
+             std::to_string(b.words[0]) + " in " + graph + " (which tensors share memory differs)";
+    }
+    if (a.what == "offset") {
+      return a.where + " starts at element " + std::to_string(a.words[0]) + " of its memory here and at element " +
+             std::to_string(b.words[0]) + " in " + graph +
+             " (a view at another offset, such as a slice that moves every step)";
+    }
+    if (a.what == "strides") {
+      return a.where + " has strides " + list_text(a.words) + " here and " + list_text(b.words) + " in " + graph +
+             " (another memory layout)";
+    }
+    return a.where + " " + a.what + " " + list_text(a.words) + " here, " + list_text(b.words) + " in " + graph;
+  }
+  return "";
 }
 
 uint64_t op_words_hash(const Graph& g, size_t k) {
@@ -358,8 +491,13 @@ class GraphCache {
       e.kind = "recompile";
       for (size_t i = 0; i < g.op_offsets.size(); ++i) {
         if (op_words_hash(g, i) == op_words_hash(*same_ops, i)) continue;
-        e.detail = "op " + std::to_string(i + 1) + " " + op_name(g, i) + " got inputs " + describe_op(g, i) +
-                   "; cached graph " + std::to_string(same_ops->id) + " has " + describe_op(*same_ops, i);
+        const std::string inputs = describe_op(g, i);
+        const std::string cached_inputs = describe_op(*same_ops, i);
+        const std::string finer = inputs == cached_inputs ? difference_in_op(g, *same_ops, i) : "";
+        e.detail = "op " + std::to_string(i + 1) + " " + op_name(g, i) +
+                   (finer.empty() ? " got inputs " + inputs + "; cached graph " + std::to_string(same_ops->id) +
+                                        " has " + cached_inputs
+                                  : " got inputs " + inputs + " as before, but " + finer);
         e.source = records[i].source;
         return e;
       }
