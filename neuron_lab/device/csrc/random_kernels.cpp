@@ -54,8 +54,8 @@ bool dropout_fusable(const at::Tensor& input, std::initializer_list<const at::Te
   return true;
 }
 
-// The loops, vectorized (O3; AVX2 where the CPU has it, chosen at load time): the
-// extension's -O2 leaves loops of mixed types scalar, 5-10x slower than ATen's multiply.
+// The loops, vectorized (O3; AVX-512 or AVX2 where the CPU has them, chosen at load time):
+// the extension's -O2 leaves loops of mixed types scalar, 5-10x slower than ATen's multiply.
 #pragma GCC push_options
 #pragma GCC optimize("O3")
 
