@@ -106,6 +106,27 @@ def test_blocks_are_split_from_segments_and_merge_when_freed() -> None:
     ]
 
 
+def test_of_equally_good_free_blocks_the_one_freed_last_is_reused() -> None:
+    # Like malloc's: its bytes are the likeliest to be in the CPU's caches. A fresh
+    # process, so that the blocks lie side by side in one segment.
+    result = run_python(
+        """
+        import torch
+        KiB = 2**10
+        a, x, b, y, c, z = (torch.empty(64 * KiB, dtype=torch.uint8, device="neuron") for _ in range(6))
+        where = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c"}
+        del b, a, c  # three free 64 KiB blocks, kept apart by x, y and z
+        first, second, third = (torch.empty(64 * KiB, dtype=torch.uint8, device="neuron") for _ in range(3))
+        print(where[first.data_ptr()], where[second.data_ptr()], where[third.data_ptr()])
+        bigger = torch.empty(96 * KiB, dtype=torch.uint8, device="neuron")  # fits none of them
+        print(bigger.data_ptr() > z.data_ptr())
+        """,
+        env={"NEURON_LAB_MODE": "blocking"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["c a b", "True"]
+
+
 def test_peak_statistics_and_reset() -> None:
     torch.neuron.reset_peak_memory_stats()
     base = torch.neuron.memory_allocated()

@@ -5,7 +5,7 @@
 // a request is rounded up to 512 bytes and served from a segment (2 MiB for
 // requests up to 1 MiB, 20 MiB up to 10 MiB, the request rounded up to 2 MiB
 // above). A segment is split into blocks; the smallest free block that fits is
-// taken (best fit) and split when enough remains; a freed block merges with its
+// taken (best fit; of equal fits, the one freed last) and split when enough remains; a freed block merges with its
 // free neighbours, so a tensor that grows a little every step (a KV cache) reuses
 // the memory its predecessors freed instead of touching new pages. Free blocks
 // stay cached (reserved); whole free segments go back to the host on
@@ -68,17 +68,23 @@ struct Block {
   Frames frames;             // where it was allocated (memory history only)
   Block* prev = nullptr;
   Block* next = nullptr;
+  uint64_t freed_at = 0;  // when it last became free (free blocks only): the pool's clock
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
-// Free blocks, smallest first, then by address: lower_bound finds the best fit.
-struct BySizeThenAddress {
+// Free blocks, smallest first, then the most recently freed: lower_bound finds the best
+// fit, and of equal fits the one freed last, whose bytes are likeliest still in the CPU's
+// caches (glibc's malloc reuses a freed chunk the same way; taking the lowest address
+// instead made a decoding loop's small ops read and write cold memory).
+struct BySizeThenRecency {
   bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : std::less<void*>()(a->ptr, b->ptr);
+    if (a->size != b->size) return a->size < b->size;
+    if (a->freed_at != b->freed_at) return a->freed_at > b->freed_at;
+    return std::less<void*>()(a->ptr, b->ptr);
   }
 };
-using FreeBlocks = std::set<Block*, BySizeThenAddress>;
+using FreeBlocks = std::set<Block*, BySizeThenRecency>;
 
 struct Core {
   std::mutex mutex;
@@ -96,6 +102,7 @@ struct Core {
   // free and split: a small op's alloc and free would otherwise malloc and free a set node
   // and a Block each (about 5% of what the unboxed path costs over the CPU's kernel).
   void add_free(Block* block) {
+    block->freed_at = ++free_clock;
     auto& set = free_blocks(block->segment->small);
     if (spare_nodes.empty()) {
       set.insert(block);
@@ -134,6 +141,7 @@ struct Core {
 
  private:
   static constexpr size_t kSpares = 64;
+  uint64_t free_clock = 0;
   std::vector<FreeBlocks::node_type> spare_nodes;
   std::vector<Block*> spare_blocks;
 };
@@ -373,6 +381,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   static Block* take_free_block(Core& core, bool small, size_t size) {
     auto& free = core.free_blocks(small);
     Block key{nullptr, size, 0, 0, nullptr};
+    key.freed_at = UINT64_MAX;  // before every free block of this size
     auto it = free.lower_bound(&key);
     if (it == free.end()) return nullptr;
     Block* block = *it;
