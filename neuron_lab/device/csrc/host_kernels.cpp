@@ -14,6 +14,7 @@
 // no input, or where's out= over its full-size input exactly); anything else runs ATen's
 // kernel, with ATen's semantics, warnings and errors.
 #include "runtime.h"
+#include "vector_clones.h"
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -100,9 +101,10 @@ bool try_all_of_rows(const c10::IValue* args, const c10::IValue* out_arg, torch:
 // ---- isneginf(x) -------------------------------------------------------------------------
 
 // Compared as bit patterns: -inf has exactly one, and no NaN has it. Blocks of 16 with a
-// fixed trip count are what GCC vectorizes at -O2 (a plain loop stays scalar: 3x slower).
+// fixed trip count are what GCC vectorizes at -O2 (a plain loop stays scalar: 3x slower),
+// in AVX2 or AVX-512 where the CPU has them.
 template <class Bits>
-void is_pattern(const Bits* __restrict in, bool* __restrict out, int64_t n, Bits pattern) {
+NEURON_VECTOR_CLONES void is_pattern(const Bits* __restrict in, bool* __restrict out, int64_t n, Bits pattern) {
   constexpr int64_t kBlock = 16;
   int64_t i = 0;
   for (; i + kBlock <= n; i += kBlock) {

@@ -10,6 +10,7 @@
 // Dropout's pointwise part is one fused op (neuron::dropout_apply, and neuron::masked_scale
 // in its backward) where it applies.
 #include "runtime.h"
+#include "vector_clones.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Dispatch.h>
@@ -27,10 +28,6 @@
 #include <cstring>
 #include <vector>
 
-// Loops compiled for AVX-512 (x86-64-v4) and AVX2 as well, chosen at load time by what the CPU
-// has. The bits do not change: integer ops, and float multiplies with no add to fuse them with
-// or reassociate.
-#define NEURON_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 
 namespace neuron {
 namespace {
@@ -343,4 +340,3 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 }  // namespace neuron
 
-#undef NEURON_VECTOR_CLONES
