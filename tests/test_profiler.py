@@ -336,6 +336,36 @@ def test_explain_says_what_differs_when_a_recompile_prints_the_same_inputs():
     assert "Float[3, 16]" in recompile.detail and "Float[4, 16]" in recompile.detail
 
 
+def test_a_recompile_prints_each_kind_of_argument():
+    """The signatures a recompile shows are read back from the graph key: tensor lists,
+    wrapped integers, int lists, booleans and None each print as the user wrote them (the
+    ops are recorded in their out= form, so the result tensor is the last argument)."""
+
+    def step(x, copies, k, dims):
+        y = torch.cat([x] * copies, 0) * k
+        return y.sum(dims, keepdim=True).sum()
+
+    neuron_lab.adaptive_eager.forget_repeats()
+    x = torch.randn(4, 8, device="neuron")
+    for _ in range(3):
+        step(x, 2, 3, [1]).item()
+    cases = [  # each differs from the one before in one op (the graph compared with is the last built)
+        ((3, 3, [1]), "aten::cat got inputs ([3 tensors], 0, Float[12, 8]); cached graph {} has "
+                      "([2 tensors], 0, Float[8, 8])"),
+        ((3, 5, [1]), "aten::mul got inputs (Float[12, 8], 5, Float[12, 8]); cached graph {} has "
+                      "(Float[12, 8], 3, Float[12, 8])"),
+        ((3, 5, [0]), "aten::sum got inputs (Float[12, 8], [0], True, None, Float[1, 8]); cached graph {} "
+                      "has (Float[12, 8], [1], True, None, Float[12, 1])"),
+    ]
+    for args, expected in cases:
+        with neuron_lab.explain_scope() as e:
+            value = step(x, *args).item()
+        assert value == pytest.approx(step(x.cpu(), *args).item(), rel=1e-5, abs=1e-5)
+        (recompile,) = e.recompiles
+        cached = recompile.detail.split("cached graph ")[1].split(" ")[0]
+        assert expected.format(cached) in recompile.detail, recompile.detail
+
+
 def test_every_host_wait_carries_a_typed_reason():
     from neuron_lab.observability.records import Reason
 

@@ -42,7 +42,7 @@ int64_t double_bits(double d) {
   return bits;
 }
 
-// Word tags of KeyBuilder's encoding (describe_words reads them back).
+// Word tags of KeyBuilder's encoding (KeyReader reads them back).
 enum Tag : int64_t {
   kUndefined = 1, kDeviceTensor = 2, kWrappedNumber = 3, kHostTensor = 4, kNone = 5, kInt = 6, kDouble = 7,
   kBool = 8, kIntList = 9, kTensorList = 10, kList = 11, kGenerator = 12, kDevice = 13, kString = 14, kOther = 15,
@@ -141,99 +141,152 @@ class KeyBuilder {
 };
 
 // ---- reading words back, for explanations ------------------------------------------------
+//
+// One reader turns an op's words back into its arguments and results (KeyReader); the
+// explanations print them (describe_op) or compare them part by part (difference_in_op).
 
-class WordReader {
+// An argument or a result of a recorded op, as its key holds it.
+struct KeyValue {
+  int64_t tag = kUndefined;
+  int64_t memory = -1;                  // device tensors: which of the graph's buffers
+  c10::ScalarType dtype = c10::ScalarType::Undefined;  // tensors and wrapped numbers
+  std::vector<int64_t> sizes, strides;  // tensors
+  int64_t offset = 0;                   // tensors: the storage offset
+  std::vector<int64_t> words;           // scalars and int lists: the words after the tag
+  std::vector<KeyValue> elements;       // lists
+
+  bool is_tensor() const { return tag == kDeviceTensor || tag == kHostTensor; }
+};
+
+struct KeyOp {
+  std::vector<KeyValue> arguments, results;
+};
+
+// Reads KeyBuilder::record's words back (a truncated key reads as zeros, never past `end`).
+class KeyReader {
  public:
-  WordReader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
-  int64_t next() { return at_ < end_ ? *at_++ : 0; }
+  KeyReader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
 
-  void tensor(std::ostringstream& out) {
-    const int64_t tag = next();
-    if (tag == kUndefined) {
-      out << "None";
-      return;
-    }
-    if (tag == kDeviceTensor) next();  // which memory: not shown
-    const auto dtype = static_cast<c10::ScalarType>(next());
-    if (tag == kWrappedNumber) {
-      if (c10::isComplexType(dtype)) {
-        next(), next();
-        out << "complex";
-      } else if (c10::isFloatingType(dtype)) {
-        out << "float";
-      } else {
-        out << next();
-      }
-      return;
-    }
-    const int64_t dim = next();
-    out << dtype << "[";
-    for (int64_t d = 0; d < dim; ++d) out << (d ? ", " : "") << next();
-    out << "]";
-    for (int64_t d = 0; d < dim; ++d) next();  // strides
-    next();                                    // offset
-    if (tag == kHostTensor) out << " on cpu";
-  }
-
-  void value(std::ostringstream& out) {
-    const int64_t tag = *at_;
-    switch (tag) {
-      case kUndefined: case kDeviceTensor: case kWrappedNumber: case kHostTensor: tensor(out); return;
-      case kNone: next(); out << "None"; return;
-      case kInt: next(); out << next(); return;
-      case kDouble: next(); out << "float"; return;
-      case kBool: next(); out << (next() ? "True" : "False"); return;
-      case kIntList: {
-        next();
-        const int64_t n = next();
-        out << "[";
-        for (int64_t i = 0; i < n; ++i) out << (i ? ", " : "") << next();
-        out << "]";
-        return;
-      }
-      case kTensorList: {
-        next();
-        const int64_t n = next();
-        out << "[" << n << " tensors]";
-        std::ostringstream ignored;
-        for (int64_t i = 0; i < n; ++i) tensor(ignored);
-        return;
-      }
-      case kList: {
-        next();
-        const int64_t n = next();
-        out << "[";
-        for (int64_t i = 0; i < n; ++i) {
-          if (i) out << ", ";
-          value(out);
-        }
-        out << "]";
-        return;
-      }
-      case kDevice: next(); out << "neuron:" << next(); return;
-      case kString: next(); next(); out << "str"; return;
-      case kGenerator: next(); out << "Generator"; return;
-      default: next(); next(); out << "?"; return;  // an argument of another type
-    }
+  KeyOp op() {
+    KeyOp out;
+    next();  // the op
+    for (int64_t i = 0, n = next(); i < n; ++i) out.arguments.push_back(value());
+    for (int64_t i = 0, n = next(); i < n; ++i) out.results.push_back(tensor());
+    return out;
   }
 
  private:
+  int64_t next() { return at_ < end_ ? *at_++ : 0; }
+  std::vector<int64_t> take(int64_t n) {
+    std::vector<int64_t> words;
+    for (int64_t i = 0; i < n; ++i) words.push_back(next());
+    return words;
+  }
+
+  KeyValue tensor() {
+    KeyValue v;
+    v.tag = next();
+    if (v.tag == kUndefined) return v;
+    if (v.tag == kDeviceTensor) v.memory = next();
+    v.dtype = static_cast<c10::ScalarType>(next());
+    if (v.tag == kWrappedNumber) {
+      // Floating values are not in the key (Graph::compiled_scalars); complex ones are two words.
+      if (c10::isComplexType(v.dtype)) {
+        v.words = take(2);
+      } else if (!c10::isFloatingType(v.dtype)) {
+        v.words = take(1);
+      }
+      return v;
+    }
+    const int64_t dim = next();
+    v.sizes = take(dim);
+    v.strides = take(dim);
+    v.offset = next();
+    return v;
+  }
+
+  KeyValue value() {
+    const int64_t tag = at_ < end_ ? *at_ : 0;
+    switch (tag) {
+      case kUndefined: case kDeviceTensor: case kWrappedNumber: case kHostTensor: return tensor();
+      default: break;
+    }
+    KeyValue v;
+    v.tag = next();
+    switch (tag) {
+      case kNone: case kDouble: case kGenerator: break;  // the tag alone
+      case kIntList: v.words = take(next()); break;
+      case kTensorList:
+        for (int64_t i = 0, n = next(); i < n; ++i) v.elements.push_back(tensor());
+        break;
+      case kList:
+        for (int64_t i = 0, n = next(); i < n; ++i) v.elements.push_back(value());
+        break;
+      default: v.words = take(1); break;  // int, bool, device, a string's hash, another type's
+    }
+    return v;
+  }
+
   const int64_t* at_;
   const int64_t* end_;
 };
 
-// The inputs of op `k` of a graph, as text: "(Float[2, 3], 1, None)".
-std::string describe_op(const Graph& g, size_t k) {
+KeyOp read_op(const Graph& g, size_t k) {
   const size_t begin = g.op_offsets[k];
   const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
-  WordReader in(g.key.data() + begin, g.key.data() + end);
-  in.next();  // the op
-  const int64_t n = in.next();
+  return KeyReader(g.key.data() + begin, g.key.data() + end).op();
+}
+
+// An argument as the explanations print it: "Float[2, 3]", "1", "None", "[4 tensors]".
+void print(std::ostringstream& out, const KeyValue& v) {
+  switch (v.tag) {
+    case kUndefined: case kNone: out << "None"; return;
+    case kWrappedNumber:
+      if (c10::isComplexType(v.dtype)) {
+        out << "complex";
+      } else if (c10::isFloatingType(v.dtype)) {
+        out << "float";
+      } else {
+        out << v.words.at(0);
+      }
+      return;
+    case kDeviceTensor: case kHostTensor:
+      out << v.dtype << "[";
+      for (size_t d = 0; d < v.sizes.size(); ++d) out << (d ? ", " : "") << v.sizes[d];
+      out << "]" << (v.tag == kHostTensor ? " on cpu" : "");
+      return;
+    case kInt: out << v.words.at(0); return;
+    case kDouble: out << "float"; return;
+    case kBool: out << (v.words.at(0) ? "True" : "False"); return;
+    case kIntList:
+      out << "[";
+      for (size_t i = 0; i < v.words.size(); ++i) out << (i ? ", " : "") << v.words[i];
+      out << "]";
+      return;
+    case kTensorList: out << "[" << v.elements.size() << " tensors]"; return;
+    case kList:
+      out << "[";
+      for (size_t i = 0; i < v.elements.size(); ++i) {
+        if (i) out << ", ";
+        print(out, v.elements[i]);
+      }
+      out << "]";
+      return;
+    case kDevice: out << "neuron:" << v.words.at(0); return;
+    case kString: out << "str"; return;
+    case kGenerator: out << "Generator"; return;
+    default: out << "?"; return;  // an argument of another type
+  }
+}
+
+// The inputs of op `k` of a graph, as text: "(Float[2, 3], 1, None)".
+std::string describe_op(const Graph& g, size_t k) {
   std::ostringstream out;
   out << "(";
-  for (int64_t i = 0; i < n; ++i) {
+  const KeyOp op = read_op(g, k);
+  for (size_t i = 0; i < op.arguments.size(); ++i) {
     if (i) out << ", ";
-    in.value(out);
+    print(out, op.arguments[i]);
   }
   out << ")";
   return out.str();
@@ -244,93 +297,40 @@ std::string describe_op(const Graph& g, size_t k) {
 // One part of an op's key: what an argument or result is made of.
 struct Field {
   std::string where;  // "argument 2", "result 1", "argument 1 element 3"
-  std::string what;   // memory, dtype, sizes, strides, offset, value
+  std::string what;   // memory, dtype, sizes, strides, offset, length, value
   std::vector<int64_t> words;
 };
 
-// Splits one op's words (KeyBuilder::record) into fields, in order.
-class FieldReader {
- public:
-  FieldReader(const int64_t* begin, const int64_t* end) : at_(begin), end_(end) {}
-
-  std::vector<Field> op() {
-    std::vector<Field> out;
-    next();  // the op
-    const int64_t n_args = next();
-    for (int64_t i = 0; i < n_args; ++i) value("argument " + std::to_string(i + 1), out);
-    const int64_t n_results = next();
-    for (int64_t i = 0; i < n_results; ++i) tensor("result " + std::to_string(i + 1), out);
-    return out;
-  }
-
- private:
-  int64_t next() { return at_ < end_ ? *at_++ : 0; }
-  int64_t peek() const { return at_ < end_ ? *at_ : 0; }
-  std::vector<int64_t> take(int64_t n) {
-    std::vector<int64_t> words;
-    for (int64_t i = 0; i < n; ++i) words.push_back(next());
-    return words;
-  }
-
-  void tensor(const std::string& where, std::vector<Field>& out) {
-    const int64_t tag = next();
-    if (tag == kUndefined) {
-      out.push_back({where, "value", {tag}});
-      return;
+// The parts of one value, in key order.
+void add_fields(const KeyValue& v, const std::string& where, std::vector<Field>& out) {
+  if (v.tag == kWrappedNumber) {
+    std::vector<int64_t> words{static_cast<int64_t>(v.dtype)};
+    words.insert(words.end(), v.words.begin(), v.words.end());
+    out.push_back({where, "value", words});
+  } else if (v.is_tensor()) {
+    if (v.tag == kDeviceTensor) out.push_back({where, "memory", {v.memory}});
+    out.push_back({where, v.tag == kHostTensor ? "dtype on cpu" : "dtype", {static_cast<int64_t>(v.dtype)}});
+    out.push_back({where, "sizes", v.sizes});
+    out.push_back({where, "strides", v.strides});
+    out.push_back({where, "offset", {v.offset}});
+  } else if (v.tag == kTensorList || v.tag == kList) {
+    out.push_back({where, "length", {static_cast<int64_t>(v.elements.size())}});
+    for (size_t i = 0; i < v.elements.size(); ++i) {
+      add_fields(v.elements[i], where + " element " + std::to_string(i + 1), out);
     }
-    if (tag == kDeviceTensor) out.push_back({where, "memory", {next()}});
-    const int64_t dtype = next();
-    if (tag == kWrappedNumber) {
-      const auto type = static_cast<c10::ScalarType>(dtype);
-      std::vector<int64_t> words{dtype};
-      if (c10::isComplexType(type)) {
-        words.push_back(next());
-        words.push_back(next());
-      } else if (!c10::isFloatingType(type)) {
-        words.push_back(next());  // floating values are not in the key (Graph::compiled_scalars)
-      }
-      out.push_back({where, "value", words});
-      return;
-    }
-    out.push_back({where, tag == kHostTensor ? "dtype on cpu" : "dtype", {dtype}});
-    const int64_t dim = next();
-    out.push_back({where, "sizes", take(dim)});
-    out.push_back({where, "strides", take(dim)});
-    out.push_back({where, "offset", {next()}});
+  } else {
+    std::vector<int64_t> words{v.tag};  // None and a list's value compare by their tags too
+    words.insert(words.end(), v.words.begin(), v.words.end());
+    out.push_back({where, "value", words});
   }
-
-  void value(const std::string& where, std::vector<Field>& out) {
-    const int64_t tag = peek();
-    switch (tag) {
-      case kUndefined: case kDeviceTensor: case kWrappedNumber: case kHostTensor: tensor(where, out); return;
-      case kTensorList: case kList: {
-        next();
-        const int64_t n = next();
-        out.push_back({where, "length", {n}});
-        for (int64_t i = 0; i < n; ++i) {
-          const std::string element = where + " element " + std::to_string(i + 1);
-          tag == kTensorList ? tensor(element, out) : value(element, out);
-        }
-        return;
-      }
-      case kIntList: {
-        next();
-        out.push_back({where, "value", take(next())});
-        return;
-      }
-      case kNone: case kDouble: case kGenerator: out.push_back({where, "value", {next()}}); return;
-      default: out.push_back({where, "value", take(2)}); return;  // a tag and one word
-    }
-  }
-
-  const int64_t* at_;
-  const int64_t* end_;
-};
+}
 
 std::vector<Field> fields_of_op(const Graph& g, size_t k) {
-  const size_t begin = g.op_offsets[k];
-  const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
-  return FieldReader(g.key.data() + begin, g.key.data() + end).op();
+  const KeyOp op = read_op(g, k);
+  std::vector<Field> out;
+  for (size_t i = 0; i < op.arguments.size(); ++i) add_fields(op.arguments[i], "argument " + std::to_string(i + 1), out);
+  for (size_t i = 0; i < op.results.size(); ++i) add_fields(op.results[i], "result " + std::to_string(i + 1), out);
+  return out;
 }
 
 std::string list_text(const std::vector<int64_t>& words) {
