@@ -50,6 +50,41 @@ class CaseResult:
         return self.message.strip().splitlines()[0] if self.message.strip() else ""
 
 
+def samples_from_env(variable: str, default: int) -> Optional[int]:
+    """Samples per case from an environment variable: unset, ``default``; ``all`` (or ``0``,
+    ``none``): None, every sample; else the number given (at least 1)."""
+    raw = os.environ.get(variable, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("all", "none", "0"):
+        return None
+    return max(1, int(raw))
+
+
+def run_guarded(case_id: str, exclusions: dict[str, str], check: Callable[[], CaseResult]) -> CaseResult:
+    """Runs one case's ``check`` in this process, as a worker does: an excluded case is
+    reported as such; an exception of the harness itself becomes an ``error`` result with
+    its traceback; warnings are silenced and the default dtype a case may set is restored."""
+    if case_id in exclusions:
+        return CaseResult(case_id, "excluded", exclusions[case_id])
+    import traceback
+    import warnings
+
+    import torch
+
+    previous_dtype = torch.get_default_dtype()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return check()
+        except Exception as e:
+            text = str(e).strip()
+            what = f"{type(e).__name__}: {text}" if text else type(e).__name__
+            return CaseResult(case_id, "error", "harness error: " + what + "\n" + traceback.format_exc())
+        finally:
+            torch.set_default_dtype(previous_dtype)
+
+
 def timeout_from_env() -> float:
     return float(os.environ.get("NEURON_TEST_TIMEOUT", os.environ.get("NEURON_OPINFO_TIMEOUT", DEFAULT_TIMEOUT)))
 

@@ -37,14 +37,14 @@ import pickle
 import sys
 import time
 import traceback
-import warnings
 from typing import Any, Optional
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import CaseResult, make_runner as _make_runner, serve  # noqa: E402
+from isolated import CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import DEVICE, Mismatch, compare, describe, flatten, grad_roots, move, run_pair, seeded, total_loss  # noqa: E402
 
 DEFAULT_SAMPLES = 2
@@ -73,12 +73,8 @@ def all_module_ids() -> list[str]:
 
 
 def samples_from_env() -> Optional[int]:
-    raw = os.environ.get("NEURON_MODULE_SAMPLES", "").strip().lower()
-    if not raw:
-        return DEFAULT_SAMPLES
-    if raw in ("all", "none", "0"):
-        return None
-    return max(1, int(raw))
+    """Inputs per module and train/eval mode from ``NEURON_MODULE_SAMPLES`` (default 2)."""
+    return _samples_from_env("NEURON_MODULE_SAMPLES", DEFAULT_SAMPLES)
 
 
 # ---------------------------------------------------------------------------------
@@ -271,19 +267,9 @@ def _check_one(info: Any, module_input: Any, training: bool, count, fail) -> Non
 
 def run_case(key: str, params: dict) -> CaseResult:
     """Checks one module in this process (what the worker runs for each request)."""
-    if key in EXCLUSIONS:
-        return CaseResult(key, "excluded", EXCLUSIONS[key])
-    import torch
-
-    prev_dtype = torch.get_default_dtype()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return check_module(all_modules()[key], params.get("samples"), params.get("mode", "adaptive"))
-        except Exception as e:
-            return CaseResult(key, "error", "harness error: " + describe(e) + "\n" + traceback.format_exc())
-        finally:
-            torch.set_default_dtype(prev_dtype)
+    return run_guarded(
+        key, EXCLUSIONS, lambda: check_module(all_modules()[key], params.get("samples"), params.get("mode", "adaptive"))
+    )
 
 
 def make_runner(max_samples: Optional[int], mode: str = "adaptive", timeout: Optional[float] = None):

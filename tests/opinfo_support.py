@@ -54,7 +54,6 @@ import os
 import sys
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -62,7 +61,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import REPO_ROOT, CaseResult, make_runner as _make_runner, serve  # noqa: E402
+from isolated import REPO_ROOT, CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import (  # noqa: E402
     CALL_SEED, DEVICE, Mismatch, compare, describe, flatten, grad_roots, move, run_pair, seeded, tensor_devices,
     total_loss,
@@ -130,12 +130,7 @@ def all_op_ids() -> list[str]:
 
 def samples_from_env() -> Optional[int]:
     """Samples per op from ``NEURON_OPINFO_SAMPLES`` (default 2; ``0``/``all``: None, every sample)."""
-    raw = os.environ.get("NEURON_OPINFO_SAMPLES", "").strip().lower()
-    if not raw:
-        return DEFAULT_SAMPLES
-    if raw in ("all", "none", "0"):
-        return None
-    return max(1, int(raw))
+    return _samples_from_env("NEURON_OPINFO_SAMPLES", DEFAULT_SAMPLES)
 
 
 # ---------------------------------------------------------------------------------
@@ -383,21 +378,9 @@ def check_op(op: Any, max_samples: Optional[int]) -> CaseResult:
 
 def run_in_process(key: str, max_samples: Optional[int]) -> CaseResult:
     """Checks one op in this process (what the worker runs for each request)."""
-    if key in EXCLUSIONS:
-        return CaseResult(key, "excluded", EXCLUSIONS[key])
-    import torch
-
     import neuron_lab  # noqa: F401  (registers the device)
 
-    prev_dtype = torch.get_default_dtype()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            return check_op(all_ops()[key], max_samples)
-        except Exception as e:
-            return CaseResult(key, "error", "harness error: " + describe(e) + "\n" + traceback.format_exc())
-        finally:
-            torch.set_default_dtype(prev_dtype)
+    return run_guarded(key, EXCLUSIONS, lambda: check_op(all_ops()[key], max_samples))
 
 
 # ---------------------------------------------------------------------------------

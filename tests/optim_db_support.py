@@ -31,15 +31,14 @@ import copy
 import os
 import sys
 import time
-import traceback
-import warnings
 from typing import Any, Optional
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import CaseResult, make_runner as _make_runner, serve  # noqa: E402
+from isolated import CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import DEVICE, Mismatch, compare, describe, move, run_pair  # noqa: E402
 
 DEFAULT_SAMPLES = 3
@@ -80,12 +79,8 @@ def all_case_ids() -> list[str]:
 
 
 def samples_from_env() -> Optional[int]:
-    raw = os.environ.get("NEURON_OPTIM_SAMPLES", "").strip().lower()
-    if not raw:
-        return DEFAULT_SAMPLES
-    if raw in ("all", "none", "0"):
-        return None
-    return max(1, int(raw))
+    """Configs per case from ``NEURON_OPTIM_SAMPLES`` (default 3)."""
+    return _samples_from_env("NEURON_OPTIM_SAMPLES", DEFAULT_SAMPLES)
 
 
 # ---------------------------------------------------------------------------------
@@ -247,15 +242,9 @@ def check_case(info: Any, impl: str, max_samples: Optional[int], mode: str) -> C
 
 def run_case(key: str, params: dict) -> CaseResult:
     """Checks one optimizer implementation in this process (what the worker runs)."""
-    if key in EXCLUSIONS:
-        return CaseResult(key, "excluded", EXCLUSIONS[key])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            info, impl = all_cases()[key]
-            return check_case(info, impl, params.get("samples"), params.get("mode", "adaptive"))
-        except Exception as e:
-            return CaseResult(key, "error", "harness error: " + describe(e) + "\n" + traceback.format_exc())
+    return run_guarded(
+        key, EXCLUSIONS, lambda: check_case(*all_cases()[key], params.get("samples"), params.get("mode", "adaptive"))
+    )
 
 
 def make_runner(max_samples: Optional[int], mode: str = "adaptive", timeout: Optional[float] = None):
