@@ -85,6 +85,35 @@ def run_guarded(case_id: str, exclusions: dict[str, str], check: Callable[[], Ca
             torch.set_default_dtype(previous_dtype)
 
 
+def main(run_case: RunCase, prepare: Callable[[], Any], *, description: str, case_flag: str, case_help: str,
+         unit: str, modes: Optional[tuple[str, ...]] = None) -> None:
+    """The command line of a suite file: ``--worker`` serves a :class:`CaseRunner`; else the
+    cases named with ``case_flag`` run in this process and each result is printed."""
+    if sys.argv[1:2] == ["--worker"]:
+        serve(run_case, prepare=prepare)
+        return
+    import argparse
+
+    import neuron_lab  # noqa: F401  (registers the device)
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(case_flag, action="append", required=True, dest="cases", help=case_help + " (repeatable)")
+    parser.add_argument("--samples", type=int, default=0, help=f"{unit} per case (0: all)")
+    if modes:
+        parser.add_argument("--mode", choices=modes, default=modes[0])
+    ns = parser.parse_args()
+    mode = getattr(ns, "mode", None)
+    for case_id in ns.cases:
+        params: dict[str, Any] = {"samples": ns.samples or None}
+        if mode:
+            params["mode"] = mode
+        r = run_case(case_id, params)
+        label = f"{r.case_id} [{mode}]" if mode else r.case_id
+        print(f"{label}: {r.status} ({r.samples} {unit}, {r.seconds:.1f}s) {r.checks}")
+        if r.message:
+            print(r.message)
+
+
 def timeout_from_env() -> float:
     return float(os.environ.get("NEURON_TEST_TIMEOUT", os.environ.get("NEURON_OPINFO_TIMEOUT", DEFAULT_TIMEOUT)))
 

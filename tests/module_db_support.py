@@ -43,7 +43,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import CaseResult, main, make_runner as _make_runner, run_guarded  # noqa: E402
 from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import DEVICE, Mismatch, compare, describe, flatten, grad_roots, move, run_pair, seeded, total_loss  # noqa: E402
 
@@ -278,22 +278,5 @@ def make_runner(max_samples: Optional[int], mode: str = "adaptive", timeout: Opt
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        serve(run_case, prepare=all_modules)
-    else:
-        import argparse
-
-        import torch  # noqa: F401
-
-        import neuron_lab  # noqa: F401
-
-        parser = argparse.ArgumentParser(description="Check module_db modules on the neuron device, in process.")
-        parser.add_argument("--module", action="append", required=True, help="ModuleInfo name (repeatable)")
-        parser.add_argument("--samples", type=int, default=0, help="inputs per module (0: all)")
-        parser.add_argument("--mode", choices=MODES, default="adaptive")
-        ns = parser.parse_args()
-        for key in ns.module:
-            r = run_case(key, {"samples": ns.samples or None, "mode": ns.mode})
-            print(f"{r.case_id} [{ns.mode}]: {r.status} ({r.samples} inputs, {r.seconds:.1f}s) {r.checks}")
-            if r.message:
-                print(r.message)
+    main(run_case, all_modules, description="Check module_db modules on the neuron device, in process.",
+         case_flag="--module", case_help="ModuleInfo name", unit="inputs", modes=MODES)

@@ -61,7 +61,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import REPO_ROOT, CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import REPO_ROOT, CaseResult, main, make_runner as _make_runner, run_guarded  # noqa: E402
 from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import (  # noqa: E402
     CALL_SEED, DEVICE, Mismatch, compare, describe, flatten, grad_roots, move, run_pair, seeded, tensor_devices,
@@ -398,17 +398,5 @@ def make_runner(max_samples: Optional[int], timeout: Optional[float] = None):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        serve(run_case, prepare=all_ops)
-    else:
-        import argparse
-
-        parser = argparse.ArgumentParser(description="Check OpInfo ops on the neuron device, in process.")
-        parser.add_argument("--op", action="append", required=True, help="test id (repeatable)")
-        parser.add_argument("--samples", type=int, default=0, help="samples per op (0: all)")
-        ns = parser.parse_args()
-        for key in ns.op:
-            r = run_in_process(key, ns.samples or None)
-            print(f"{r.case_id}: {r.status} ({r.samples} samples, {r.seconds:.1f}s)")
-            if r.message:
-                print(r.message)
+    main(run_case, all_ops, description="Check OpInfo ops on the neuron device, in process.", case_flag="--op",
+         case_help="test id", unit="samples")

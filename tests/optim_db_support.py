@@ -37,7 +37,7 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
-from isolated import CaseResult, make_runner as _make_runner, run_guarded, serve  # noqa: E402
+from isolated import CaseResult, main, make_runner as _make_runner, run_guarded  # noqa: E402
 from isolated import samples_from_env as _samples_from_env  # noqa: E402
 from parity import DEVICE, Mismatch, compare, describe, move, run_pair  # noqa: E402
 
@@ -253,22 +253,5 @@ def make_runner(max_samples: Optional[int], mode: str = "adaptive", timeout: Opt
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--worker"]:
-        serve(run_case, prepare=all_cases)
-    else:
-        import argparse
-
-        import torch  # noqa: F401
-
-        import neuron_lab  # noqa: F401
-
-        parser = argparse.ArgumentParser(description="Check optim_db optimizers on the neuron device, in process.")
-        parser.add_argument("--case", action="append", required=True, help="case id, e.g. Adam.fused (repeatable)")
-        parser.add_argument("--samples", type=int, default=0, help="configs per case (0: all)")
-        parser.add_argument("--mode", choices=MODES, default="adaptive")
-        ns = parser.parse_args()
-        for key in ns.case:
-            r = run_case(key, {"samples": ns.samples or None, "mode": ns.mode})
-            print(f"{r.case_id} [{ns.mode}]: {r.status} ({r.samples} configs, {r.seconds:.1f}s) {r.checks}")
-            if r.message:
-                print(r.message)
+    main(run_case, all_cases, description="Check optim_db optimizers on the neuron device, in process.",
+         case_flag="--case", case_help="case id, e.g. Adam.fused", unit="configs", modes=MODES)
