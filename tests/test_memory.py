@@ -106,6 +106,47 @@ def test_blocks_are_split_from_segments_and_merge_when_freed() -> None:
     ]
 
 
+def test_random_allocations_never_overlap_and_all_merge_back() -> None:
+    # Thousands of allocations and frees of random sizes in both pools: live blocks never
+    # share a byte, the statistics add up at every step, and once everything is freed each
+    # segment is one free block again that empty_cache() returns.
+    result = run_python(
+        """
+        import random
+        import torch
+        rng = random.Random(0)
+        live = {}
+        sizes = [1, 100, 512, 513, 4096, 65536, 300000, 1 << 20, (1 << 20) + 1, 5 << 20, 12 << 20]
+        base = torch.neuron.memory_allocated()
+        for step in range(3000):
+            if live and rng.random() < 0.45:
+                del live[rng.choice(list(live))]
+            else:
+                n = rng.choice(sizes) + rng.randrange(0, 2048)
+                live[step] = torch.empty(n, dtype=torch.uint8, device="neuron")
+            spans = sorted((t.data_ptr(), t.data_ptr() + t.numel()) for t in live.values())
+            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"overlap at step {step}"
+            # A small block is its request rounded to 512 bytes; a large one keeps a remainder
+            # of up to 1 MiB that is not worth splitting off (CUDA's rule).
+            rounded = [(t.numel() + 511) // 512 * 512 for t in live.values()]
+            small = sum(r for r in rounded if r <= 1 << 20)
+            large = [r for r in rounded if r > 1 << 20]
+            allocated = torch.neuron.memory_allocated() - base
+            assert small + sum(large) <= allocated <= small + sum(large) + len(large) * (1 << 20), step
+        live.clear()
+        stats = torch.neuron.memory_stats()
+        segments = [s for s in torch.neuron.memory._snapshot()["segments"] if s["device"] == 0]
+        print(stats["allocated_bytes.all.current"] - base, stats["inactive_split.all.current"],
+              all(len(s["blocks"]) == 1 and s["blocks"][0]["state"] == "inactive" for s in segments))
+        torch.neuron.empty_cache()
+        print(torch.neuron.memory_reserved())
+        """,
+        env={"NEURON_LAB_MODE": "blocking"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["0 0 True", "0"]
+
+
 def test_of_equally_good_free_blocks_the_one_freed_last_is_reused() -> None:
     # Like malloc's: its bytes are the likeliest to be in the CPU's caches. A fresh
     # process, so that the blocks lie side by side in one segment.
