@@ -71,6 +71,7 @@ def run_guarded(case_id: str, exclusions: dict[str, str], check: Callable[[], Ca
     import warnings
 
     import torch
+    from parity import describe
 
     previous_dtype = torch.get_default_dtype()
     with warnings.catch_warnings():
@@ -78,9 +79,7 @@ def run_guarded(case_id: str, exclusions: dict[str, str], check: Callable[[], Ca
         try:
             return check()
         except Exception as e:
-            text = str(e).strip()
-            what = f"{type(e).__name__}: {text}" if text else type(e).__name__
-            return CaseResult(case_id, "error", "harness error: " + what + "\n" + traceback.format_exc())
+            return CaseResult(case_id, "error", "harness error: " + describe(e) + "\n" + traceback.format_exc())
         finally:
             torch.set_default_dtype(previous_dtype)
 

@@ -231,10 +231,24 @@ class KeyReader {
   const int64_t* end_;
 };
 
-KeyOp read_op(const Graph& g, size_t k) {
+// The words of op `k` of a graph's key: [first, last).
+std::pair<const int64_t*, const int64_t*> op_words(const Graph& g, size_t k) {
   const size_t begin = g.op_offsets[k];
   const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
-  return KeyReader(g.key.data() + begin, g.key.data() + end).op();
+  return {g.key.data() + begin, g.key.data() + end};
+}
+
+KeyOp read_op(const Graph& g, size_t k) {
+  const auto [begin, end] = op_words(g, k);
+  return KeyReader(begin, end).op();
+}
+
+std::string list_text(const std::vector<int64_t>& words) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < words.size(); ++i) out << (i ? ", " : "") << words[i];
+  out << "]";
+  return out.str();
 }
 
 // An argument as the explanations print it: "Float[2, 3]", "1", "None", "[4 tensors]".
@@ -251,18 +265,12 @@ void print(std::ostringstream& out, const KeyValue& v) {
       }
       return;
     case kDeviceTensor: case kHostTensor:
-      out << v.dtype << "[";
-      for (size_t d = 0; d < v.sizes.size(); ++d) out << (d ? ", " : "") << v.sizes[d];
-      out << "]" << (v.tag == kHostTensor ? " on cpu" : "");
+      out << v.dtype << list_text(v.sizes) << (v.tag == kHostTensor ? " on cpu" : "");
       return;
     case kInt: out << v.words.at(0); return;
     case kDouble: out << "float"; return;
     case kBool: out << (v.words.at(0) ? "True" : "False"); return;
-    case kIntList:
-      out << "[";
-      for (size_t i = 0; i < v.words.size(); ++i) out << (i ? ", " : "") << v.words[i];
-      out << "]";
-      return;
+    case kIntList: out << list_text(v.words); return;
     case kTensorList: out << "[" << v.elements.size() << " tensors]"; return;
     case kList:
       out << "[";
@@ -333,14 +341,6 @@ std::vector<Field> fields_of_op(const Graph& g, size_t k) {
   return out;
 }
 
-std::string list_text(const std::vector<int64_t>& words) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < words.size(); ++i) out << (i ? ", " : "") << words[i];
-  out << "]";
-  return out.str();
-}
-
 // What differs in op `k` of graph `g` from the same op of `cached`, beyond what describe_op
 // prints (which memory an argument uses, its strides or offset, a result's layout); empty
 // when nothing does.
@@ -372,9 +372,8 @@ std::string difference_in_op(const Graph& g, const Graph& cached, size_t k) {
 }
 
 uint64_t op_words_hash(const Graph& g, size_t k) {
-  const size_t begin = g.op_offsets[k];
-  const size_t end = k + 1 < g.op_offsets.size() ? g.op_offsets[k + 1] : g.words_end;
-  return hash_words(g.key.data() + begin, end - begin);
+  const auto [begin, end] = op_words(g, k);
+  return hash_words(begin, static_cast<size_t>(end - begin));
 }
 
 const c10::FunctionSchema* op_schema(const Graph& g, size_t k) {

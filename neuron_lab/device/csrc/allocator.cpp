@@ -5,10 +5,10 @@
 // a request is rounded up to 512 bytes and served from a segment (2 MiB for
 // requests up to 1 MiB, 20 MiB up to 10 MiB, the request rounded up to 2 MiB
 // above). A segment is split into blocks; the smallest free block that fits is
-// taken (best fit; of equal fits, the one freed last) and split when enough remains; a freed block merges with its
-// free neighbours, so a tensor that grows a little every step (a KV cache) reuses
-// the memory its predecessors freed instead of touching new pages. Free blocks
-// stay cached (reserved); whole free segments go back to the host on
+// taken (best fit; of equal fits, the one freed last) and split when enough
+// remains; a freed block merges with its free neighbours, so a tensor that grows
+// a little every step (a KV cache) reuses the memory its predecessors freed
+// instead of touching new pages. Free blocks stay cached (reserved); whole free segments go back to the host on
 // empty_cache() or when a request does not fit, which is retried once before
 // torch.OutOfMemoryError is raised. Statistics follow CUDA's caching allocator
 // field for field, so torch.accelerator.memory.* and torch.neuron.memory_stats()

@@ -28,7 +28,6 @@
 #include <cstring>
 #include <vector>
 
-
 namespace neuron {
 namespace {
 
