@@ -565,6 +565,14 @@ void start_op() {
   tl_in_at_once_kernel = false;
 }
 
+// Whether ops run at once now, as far as the policy goes: graphs do not repeat, the mode is
+// adaptive, this is no torch.compile graph, configure() allows it and nothing is buffered.
+bool in_at_once_regime() {
+  return repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
+         policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
+         g_buffered_records.load(std::memory_order_acquire) == 0;
+}
+
 // Graphs do not repeat: with nothing buffered, an op on `device` runs at once, on this
 // thread, as blocking mode runs it (the same CPU kernel: the same numbers). Counts the op
 // when it does. While the device still runs a launch (a probe's), a small op waits for the
@@ -572,11 +580,7 @@ void start_op() {
 // a graph that would never repeat (a probe's token recorded 44 more ops so, in two graphs,
 // not one); big ops are recorded behind it, so the host records while the device computes.
 bool runs_at_once(c10::DeviceIndex device) {
-  if (!(repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
-        policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
-        g_buffered_records.load(std::memory_order_acquire) == 0)) {
-    return false;
-  }
+  if (!in_at_once_regime()) return false;
   if (!repeats().ops_are_small() && !stream_idle(stream_state(current_stream(device)))) return false;
   g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
   counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
@@ -923,13 +927,13 @@ class Recorder final : public OpInterceptor {
     tl_in_at_once_kernel = false;
     learn_from_inline_run(op, stack);
   }
-  // While ops run at once (nothing repeats, nothing is buffered, the device is quiet), the
-  // op that asks for a new tensor writes it at once: memory now, not a pending storage that
-  // is registered and then materialized a moment later.
-  bool defers_allocation() const override {
-    return lazy_allocation() && !(repeats().run_at_once() && g_buffered_records.load(std::memory_order_acquire) == 0 &&
-                                  device_quiet());
-  }
+  // While ops run at once (the same rule as runs_at_once, and the device is quiet), the op
+  // that asks for a new tensor writes it at once: memory now, not a pending storage that is
+  // registered and then materialized a moment later. Otherwise the op is recorded, and its
+  // new tensor must be a pending one that the recorder knows as fresh (with memory already
+  // given, a structured op's out= tensor read as a user's, and configure(
+  // run_unrepeated_at_once=False) still saw such ops run inline to learn their shapes).
+  bool defers_allocation() const override { return lazy_allocation() && !(in_at_once_regime() && device_quiet()); }
   void note_fresh_output(const at::Tensor& t) override { lazy::note_fresh_output(t); }
   void flush_stream(c10::Stream stream, Reason reason) override { flush_stream_buffer(stream, reason); }
   void flush_device(c10::DeviceIndex device, Reason reason) override { flush_device_buffers(device, reason); }
