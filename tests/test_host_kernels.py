@@ -238,3 +238,150 @@ def test_isneginf_in_tiled_replay_equals_the_cpu():
             assert torch.equal(checks(on_device).cpu(), expected)
         assert counters()["tiled_runs"] > tiled_before
         assert trace.device_counters()["host_kernel_ops"] > kernels_before
+
+
+# ---- small add, sub and mul (small_arith.cpp) ------------------------------------------------
+
+ARITH = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+
+
+def arith_operands(dtype: torch.dtype, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two operands of n elements: for floats the special values (NaN only in the first, so the
+    NaN a result carries is that operand's, whatever the loop's operand order), for integers
+    values at the ends of the range so that results wrap."""
+    if dtype.is_floating_point:
+        a = special_floats(dtype, n)
+        b = special_floats(dtype, n + 5)[5:].clone()
+        b[b.isnan()] = 2.5
+        return a, b
+    g = torch.Generator().manual_seed(seed)
+    info = torch.iinfo(dtype)
+    a = torch.randint(-1000, 1000, (n,), generator=g, dtype=dtype)
+    b = torch.randint(-1000, 1000, (n,), generator=g, dtype=dtype)
+    a[:: max(n // 3, 1)], b[1 :: max(n // 3, 1)] = info.max, info.min
+    return a, b
+
+
+SHAPE_PAIRS = [
+    ((5,), (5,)),
+    ((4, 1, 32), (4, 1, 32)),  # a size-1 dim: the result's strides must be ATen's
+    ((1, 4, 32), (32,)),  # a bias-like block the first operand repeats
+    ((32,), (1, 4, 32)),
+    ((2, 3, 8), (3, 8)),
+    ((1, 1, 40), (1, 1, 1)),  # one element of any shape
+    ((1,), (6, 7)),
+    ((), (9,)),
+    ((), ()),
+    ((3000, 11), (11,)),  # 33000 elements: past GRAIN_SIZE, ATen's kernel
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_small_add_sub_mul_equal_the_cpu_bit_for_bit(mode, dtype):
+    for op_name, op in ARITH.items():
+        for shape_a, shape_b in SHAPE_PAIRS:
+            a, b = arith_operands(dtype, max(math.prod(shape_a), math.prod(shape_b)), len(shape_a))
+            a, b = a[: math.prod(shape_a)].reshape(shape_a), b[: math.prod(shape_b)].reshape(shape_b)
+            for x, y in [(a, b), (b, a)]:
+                expected = op(x, y)
+                for _ in range(3):  # at once or recorded, then replayed from the graph cache
+                    got = op(x.to("neuron"), y.to("neuron")).cpu()
+                    assert got.dtype == expected.dtype and got.shape == expected.shape, (op_name, shape_a, shape_b)
+                    assert got.stride() == expected.stride(), (op_name, shape_a, shape_b)
+                    assert torch.equal(bits(got), bits(expected)), (op_name, dtype, x.shape, y.shape)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_small_arith_with_python_numbers_equals_the_cpu_bit_for_bit(mode, dtype):
+    a, _ = arith_operands(dtype, 40, 1)
+    a = a.view(2, 20)
+    numbers = [3, -1, 2**40 + 7] + ([0.1, -0.0, 1e-45, float("inf"), float("nan")] if dtype.is_floating_point else [])
+    for number in numbers:
+        # Where both operands are NaN, IEEE 754 leaves open which NaN the result carries (ATen's
+        # own vector and scalar loops differ): a NaN number meets a tensor without NaNs.
+        t = a.nan_to_num(nan=1.5) if isinstance(number, float) and math.isnan(number) else a
+        for name, fn in [
+            ("x + n", lambda t: t + number),
+            ("n + x", lambda t: number + t),
+            ("x - n", lambda t: t - number),
+            ("n - x", lambda t: number - t),  # rsub: the number is the kernel's first operand
+            ("x * n", lambda t: t * number),
+            ("zero-dim x * n", lambda t: t[0, 3] * number),
+        ]:
+            expected = fn(t)
+            for _ in range(3):
+                got = fn(t.to("neuron")).cpu()
+                assert got.dtype == expected.dtype and torch.equal(bits(got), bits(expected)), (name, number, dtype)
+
+
+def test_small_arith_inputs_it_declines_still_equal_the_cpu(mode):
+    """What the small kernel does not take runs ATen's kernel: other alphas (which ATen may
+    fuse into an FMA), promotion, broadcasts that are not a trailing block, strided and
+    reduced-precision operands, and in-place ops."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 6, generator=g)
+    cases = [
+        lambda t: torch.add(t, t * 3, alpha=0.3),
+        lambda t: torch.sub(t, 1.25, alpha=3),
+        lambda t: t[:, :1] + t[:1, :],  # [4, 1] + [1, 6]
+        lambda t: t.t() * t.t(),  # not row-major
+        lambda t: t[:, ::2] - 1,
+        lambda t: t.half() * t.half(),
+        lambda t: t.bfloat16() + 1,
+        lambda t: (t > 0) * (t < 1),  # bool
+        lambda t: t.long() * 0.5,  # an int tensor and a float number: promotion
+        lambda t: t.int() + t.long(),  # two dtypes
+        lambda t: t * t.double()[0, 0],  # a 0-dim tensor of another dtype
+        lambda t: t.clone().add_(t, alpha=1),  # in place
+        lambda t: torch.complex(t, t) * 2,
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(x)
+        got = fn(x.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and torch.equal(bits(got), bits(expected)), i
+
+
+def test_small_arith_runs_where_it_applies_and_only_there():
+    """Blocking mode runs these ops at once (the unboxed path), eager mode as one-op graphs
+    (the out= twin through the fallback's table): in both, each call the small kernel takes
+    counts once in host_kernel_ops, and a declined one does not."""
+
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    x, bias = torch.randn(1, 4, 32, device="neuron"), torch.randn(32, device="neuron")
+    ids = torch.arange(9, device="neuron")
+    for mode in ("blocking", "eager"):
+        with neuron_lab.mode(mode):
+            assert runs(lambda: x + bias) == 1, mode
+            assert runs(lambda: x * 0.5) == 1, mode
+            assert runs(lambda: 1 - x) == 1, mode
+            assert runs(lambda: ids - 1) == 1, mode
+            assert runs(lambda: torch.add(x, bias, alpha=2)) == 0, mode
+            assert runs(lambda: x.view(4, 32)[:, :1] * x.view(4, 32)[:1]) == 0, mode
+            assert runs(lambda: x.double() * x) == 0, mode  # two dtypes: promotion
+            assert runs(lambda: x.half() + x.half()) == 0, mode
+
+
+def test_small_arith_in_replay_writes_over_dead_inputs_bit_for_bit():
+    """A recorded graph places a result in the memory of an input that dies with the op:
+    the kernel then reads and writes the same elements, which must not change a bit."""
+    from neuron_lab import adaptive_eager
+
+    adaptive_eager.forget_repeats()
+    a, b = arith_operands(torch.float32, 96, 0)
+    c = torch.randn(96, generator=torch.Generator().manual_seed(2))
+
+    def chain(x, y, z):
+        return ((x + y) * z - y) * 0.25 + (z - x)
+
+    expected = chain(a, b, c)
+    with neuron_lab.mode("adaptive"):
+        kernels_before = trace.device_counters()["host_kernel_ops"]
+        for _ in range(5):  # recorded, then replayed
+            got = chain(a.to("neuron"), b.to("neuron"), c.to("neuron")).cpu()
+            assert torch.equal(bits(got), bits(expected))
+        assert trace.device_counters()["host_kernel_ops"] > kernels_before

@@ -14,6 +14,7 @@
 // no input, or where's out= over its full-size input exactly); anything else runs ATen's
 // kernel, with ATen's semantics, warnings and errors.
 #include "runtime.h"
+#include "small_arith.h"
 #include "vector_clones.h"
 
 #include <ATen/MemoryOverlap.h>
@@ -191,6 +192,33 @@ bool try_where_rows(const c10::IValue* args, const c10::IValue* out_arg, torch::
   return finish(stack, n, std::move(*result));
 }
 
+// ---- add, sub and mul of small operands (small_arith.h) ------------------------------------
+
+// add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out), sub.out (the same) and
+// mul.out(Tensor self, Tensor other, *, Tensor(a!) out): the out= twins a recorded graph runs.
+// The out may be the memory of an operand as big as the result (replay places a result over
+// an input that dies with the op).
+template <Arith op>
+bool try_small_arith(const c10::IValue* args, const c10::IValue* out_arg, torch::jit::Stack* stack, size_t n) {
+  const bool has_alpha = op != Arith::Mul;
+  if (!args[0].isTensor() || !args[1].isTensor() || (has_alpha && !args[2].isScalar())) return false;
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& other = args[1].toTensor();
+  if (self.device().type() != c10::kCPU || other.device().type() != c10::kCPU) return false;
+  const auto plan = plan_small_arith(self, other, has_alpha ? args[2].toScalar() : c10::Scalar(1));
+  if (!plan.has_value()) return false;
+  const at::Tensor* same_as = nullptr;
+  if (out_arg != nullptr && out_arg->isTensor()) {
+    for (const at::Tensor* operand : {&self, &other}) {
+      if (operand->const_data_ptr() == out_arg->toTensor().const_data_ptr()) same_as = operand;
+    }
+  }
+  auto result = result_tensor(out_arg, plan->sizes, plan->dtype, {&self, &other}, same_as);
+  if (!result.has_value()) return false;
+  run_small_arith(op, *plan, self, other, *result);
+  return finish(stack, n, std::move(*result));
+}
+
 // ---- the table ----------------------------------------------------------------------------
 
 using FastKernel = bool (*)(const c10::IValue* args, const c10::IValue* out_arg, torch::jit::Stack*, size_t n);
@@ -206,14 +234,17 @@ Entry entry(const char* name, const char* overload, size_t n_args, bool out_vari
   return {c10::Dispatcher::singleton().findSchemaOrThrow(name, overload), n_args, out_variant, kernel};
 }
 
-const std::array<Entry, 6>& fast_kernels() {
-  static const std::array<Entry, 6> table{
+const std::array<Entry, 9>& fast_kernels() {
+  static const std::array<Entry, 9> table{
       entry("aten::all", "dim", 3, false, &try_all_of_rows),
       entry("aten::all", "out", 4, true, &try_all_of_rows),
       entry("aten::isneginf", "", 1, false, &try_isneginf),
       entry("aten::isneginf", "out", 2, true, &try_isneginf),
       entry("aten::where", "self", 3, false, &try_where_rows),
       entry("aten::where", "self_out", 4, true, &try_where_rows),
+      entry("aten::add", "out", 4, true, &try_small_arith<Arith::Add>),
+      entry("aten::sub", "out", 4, true, &try_small_arith<Arith::Sub>),
+      entry("aten::mul", "out", 3, true, &try_small_arith<Arith::Mul>),
   };
   return table;
 }

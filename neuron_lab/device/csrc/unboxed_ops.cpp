@@ -16,7 +16,9 @@
 // same results either way, since both run the same CPU kernel on the same memory.
 #include "interceptor.h"
 #include "runtime.h"
+#include "small_arith.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -301,6 +303,47 @@ struct Results<std::tuple<T...>> {
   }
 };
 
+// ---- small add, sub and mul: no CPU kernel at all ----------------------------------------
+
+// The functional ops small_arith.h computes with ATen's bits, faster than ATen for the
+// token-sized operands of a decoding loop (no TensorIterator, no host aliases).
+template <class Op>
+struct SmallArithOf {
+  static constexpr bool exists = false;
+};
+template <>
+struct SmallArithOf<at::_ops::add_Tensor> {
+  static constexpr bool exists = true;
+  static constexpr Arith op = Arith::Add;
+};
+template <>
+struct SmallArithOf<at::_ops::sub_Tensor> {
+  static constexpr bool exists = true;
+  static constexpr Arith op = Arith::Sub;
+};
+template <>
+struct SmallArithOf<at::_ops::mul_Tensor> {
+  static constexpr bool exists = true;
+  static constexpr Arith op = Arith::Mul;
+};
+
+// The result in new device memory when the small kernel takes the operands (their memory
+// is ready: begin_unboxed_op made it so), else nullopt.
+template <class Op>
+std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const at::Tensor& self,
+                                              const at::Tensor& other, const c10::Scalar& alpha = 1) {
+  const auto plan = plan_small_arith(self, other, alpha);
+  if (!plan.has_value()) return std::nullopt;
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  LaunchScope launch(device, Op::name, /*synced=*/true);
+  at::Tensor out = at::detail::empty_generic(plan->sizes, allocator(), kNeuronKeys, plan->dtype, std::nullopt);
+  run_small_arith(SmallArithOf<Op>::op, *plan, self, other, out);
+  op_counters().fallback_ops += 1;
+  op_counters().unboxed_ops += 1;
+  op_counters().host_kernel_ops += 1;
+  return out;
+}
+
 // Ends what begin_unboxed_op began, however the kernel returns.
 struct UnboxedScope {
   ~UnboxedScope() { interceptor().end_unboxed_op(); }
@@ -338,6 +381,9 @@ struct Unboxed<Op, Otherwise, R(A...)> {
       if (!tensors.is_written(*t)) interceptor().check_readable(*t);
     }
     const c10::DeviceIndex device = tensors.device;
+    if constexpr (SmallArithOf<Op>::exists) {
+      if (auto result = small_arith_at_once<Op>(device, args...)) return std::move(*result);
+    }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
