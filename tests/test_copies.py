@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import neuron_lab
 from neuron_lab.device import _C
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32,
@@ -62,3 +63,58 @@ def test_numpy_refuses_like_cuda() -> None:
     with pytest.raises(TypeError, match=r"can't convert neuron:0 device type tensor to numpy.*\.cpu\(\)"):
         torch.ones(2, device="neuron").numpy()
     assert torch.ones(2, device="neuron").cpu().numpy().tolist() == [1.0, 1.0]
+
+
+def _layouts() -> list[torch.Tensor]:
+    """Tensors of every layout a copy meets: dense ones in many stride orders (copied as
+    bytes) and ones with gaps, overlaps, broadcasts or bits to resolve (copied by ATen)."""
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(3, 4, 5, 6, generator=g)
+    return [
+        base,
+        base.transpose(1, 3),  # dense, not contiguous
+        base.permute(3, 0, 2, 1),
+        base.contiguous(memory_format=torch.channels_last),
+        torch.randn(1, 7, 1, generator=g),
+        torch.tensor(2.5),  # 0-dim
+        torch.empty(0, 3),
+        base[:, 1:3],  # gaps
+        base[..., ::2],
+        torch.randn(5, 1, generator=g).expand(5, 4),  # broadcast: overlapping
+        torch.arange(24).view(4, 6).t(),
+        torch.complex(base, -base).conj(),  # a conjugate bit
+    ]
+
+
+def test_copies_of_every_layout_keep_values_and_strides_as_the_cpu(mode: str) -> None:
+    for i, cpu in enumerate(_layouts()):
+        on_device = cpu.to("neuron")
+        for name, got, want in [
+            ("to", on_device, cpu),
+            ("clone", on_device.clone(), cpu.clone()),
+            ("cpu", on_device.cpu(), cpu),
+            ("clone().cpu()", on_device.clone().cpu(), cpu.clone()),
+            ("contiguous", on_device.contiguous(), cpu.contiguous()),  # other strides: ATen's copy
+            ("cpu contiguous", on_device.to("cpu", memory_format=torch.contiguous_format), cpu.contiguous()),
+        ]:
+            assert got.shape == want.shape and got.dtype == want.dtype, (i, name)
+            if name in ("clone", "contiguous"):
+                assert got.stride() == want.stride(), (i, name)
+            assert torch.equal(got.cpu().resolve_conj(), want.resolve_conj()), (i, name)
+        into = torch.empty_like(on_device)
+        assert into.copy_(on_device) is into and torch.equal(into.cpu().resolve_conj(), cpu.resolve_conj()), i
+
+
+def test_copies_within_one_storage_are_left_to_aten() -> None:
+    """Overlapping source and destination: ATen's result (or its error), never a raw copy."""
+    x = torch.arange(10.0)
+    on_device = x.to("neuron")
+    on_device[2:].copy_(on_device[:-2].clone())
+    expected = x.clone()
+    expected[2:].copy_(x[:-2].clone())
+    assert torch.equal(on_device.cpu(), expected)
+    y = torch.arange(6.0).to("neuron")
+    with neuron_lab.mode("blocking"):  # run at once: the error comes from this very call
+        with pytest.raises(RuntimeError, match="single memory location"):
+            y[1:].copy_(y[:-1])
+    assert torch.equal(y.cpu(), torch.arange(6.0))  # the failed copy changed nothing

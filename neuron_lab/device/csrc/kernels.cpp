@@ -99,6 +99,19 @@ const c10::OperatorHandle& copy_op() {
   return op;
 }
 
+// Whether dst.copy_(src) is a plain copy of bytes: one dtype, the same sizes and strides
+// over memory the elements fill without gaps or overlaps (a clone, a .to() of the same
+// dtype, a KV cache written whole), no conjugate or negative bit to resolve. Storages that
+// alias each other are left to ATen (its overlap checks and errors).
+bool copies_bytes(const at::Tensor& src, const at::Tensor& dst) {
+  return src.scalar_type() == dst.scalar_type() && src.sizes() == dst.sizes() && src.strides() == dst.strides() &&
+         src.is_non_overlapping_and_dense() && !src.is_conj() && !dst.is_conj() && !src.is_neg() &&
+         !dst.is_neg() && !src._is_zerotensor() && !dst._is_zerotensor() && !src.storage().is_alias_of(dst.storage());
+}
+
+// The bytes of `t`'s elements, which copies_bytes() said are one block from its first element.
+size_t element_bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const bool src_on_device = self.device().type() == kNeuron;
   const bool dst_on_device = dst.device().type() == kNeuron;
@@ -124,7 +137,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   interceptor().check_readable(self);
   {
     LaunchScope launch(device, "copy_", /*synced=*/true);
-    if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
+    if (copies_bytes(self, dst)) {
+      // ATen's copy_ would build a TensorIterator over host aliases of both to do the same.
+      for (const at::Tensor* t : {&self, &dst}) {
+        if (t->device().type() == kNeuron) materialize(t->storage());
+      }
+      if (dst.numel() > 0) std::memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), element_bytes(dst));
+    } else if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
       // One host storage for both, so the CPU kernel sees the overlap.
       auto host_dst = host_alias(dst);
       host_dst.copy_(host_alias_sharing(self, host_dst.storage()));
