@@ -385,3 +385,67 @@ def test_small_arith_in_replay_writes_over_dead_inputs_bit_for_bit():
             got = chain(a.to("neuron"), b.to("neuron"), c.to("neuron")).cpu()
             assert torch.equal(bits(got), bits(expected))
         assert trace.device_counters()["host_kernel_ops"] > kernels_before
+
+
+# ---- cat of small row-major tensors (dense_cat.cpp) -------------------------------------------
+
+CAT_CASES = [
+    ([(1, 4, 5, 8), (1, 4, 1, 8)], -2),  # a KV cache growing by one token
+    ([(1, 9), (1, 1)], -1),  # generated ids
+    ([(3, 2), (1, 2), (4, 2)], 0),
+    ([(2, 3, 1), (2, 3, 4)], 2),
+    ([(2, 0, 3), (2, 5, 3)], 1),  # an empty input along dim
+    ([(7,)], 0),  # one input
+    ([(1, 1, 1, 1), (1, 1, 1, 1)], 1),  # all size-1: memory format ambiguities
+    ([(2, 1, 4, 4), (2, 1, 4, 4)], 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_cat_of_row_major_tensors_equals_the_cpu_bit_for_bit(mode, dtype):
+    g = torch.Generator().manual_seed(9)
+    for shapes, dim in CAT_CASES:
+        parts = [(torch.randn(s, generator=g) * 100).to(dtype) for s in shapes]
+        if dtype.is_floating_point and parts[0].numel():
+            parts[0].view(-1)[0] = float("nan")
+        expected = torch.cat(parts, dim)
+        for _ in range(3):  # at once or recorded, then replayed
+            got = torch.cat([p.to("neuron") for p in parts], dim).cpu()
+            assert got.shape == expected.shape and got.stride() == expected.stride(), (shapes, dim)
+            assert torch.equal(bits(got), bits(expected)), (shapes, dim, dtype)
+
+
+def test_cat_inputs_the_block_copy_declines_still_equal_the_cpu(mode):
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(2, 3, 4, 4, generator=g)
+    cases = [
+        ([x, x.double()], 1),  # promotion
+        ([x.transpose(2, 3), x], 1),  # not row-major
+        ([x.contiguous(memory_format=torch.channels_last)] * 2, 1),
+        ([x[:, :, :2], x[:, :, 2:]], 2),  # views with gaps
+        ([torch.empty(0), x.view(-1)], 0),  # a legacy empty 1-D input
+        ([torch.empty(0), x], -2),  # ... which ATen skips when it wraps dim
+        ([x.view(-1)[:10], x.view(-1)], 0),  # the same storage twice
+        ([torch.complex(x, x).conj(), torch.complex(x, x)], 0),
+    ]
+    for parts, dim in cases:
+        expected = torch.cat(parts, dim)
+        got = torch.cat([p.to("neuron") for p in parts], dim).cpu()
+        assert got.dtype == expected.dtype and got.stride() == expected.stride()
+        assert torch.equal(got.resolve_conj(), expected.resolve_conj()), [tuple(p.shape) for p in parts]
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([x.to("neuron"), x[:, :, :2].contiguous().to("neuron")], 1)
+
+
+def test_cat_block_copy_runs_where_it_applies_and_only_there():
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    cache, token = torch.randn(1, 4, 6, 8, device="neuron"), torch.randn(1, 4, 1, 8, device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.cat([cache, token], -2)) == 1
+        assert runs(lambda: torch.cat([cache.transpose(2, 3), token.transpose(2, 3)], -1)) == 0
+        assert runs(lambda: torch.cat([cache, token.double()], -2)) == 0

@@ -12,6 +12,7 @@
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
 //   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
 //   small_arith.cpp   add, sub and mul of small operands with ATen's bits (small_arith.h)
+//   dense_cat.cpp     cat of small row-major tensors as block copies (dense_cat.h)
 //   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   source.cpp     the user's source line of an op, a launch or a wait (trace.h)

@@ -16,6 +16,7 @@
 // same results either way, since both run the same CPU kernel on the same memory.
 #include "interceptor.h"
 #include "runtime.h"
+#include "dense_cat.h"
 #include "small_arith.h"
 
 #include <ATen/EmptyTensor.h>
@@ -305,46 +306,69 @@ struct Results<std::tuple<T...>> {
   }
 };
 
-// ---- small add, sub and mul: no CPU kernel at all ----------------------------------------
+// ---- ops run at once without a CPU kernel ------------------------------------------------
 
-// The functional ops small_arith.h computes with ATen's bits, faster than ATen for the
-// token-sized operands of a decoding loop (no TensorIterator, no host aliases).
+// Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
+// ATen's for their token-sized operands (no TensorIterator, no host aliases): small add, sub
+// and mul (small_arith.h) and cat of row-major tensors (dense_cat.h). Their result is new
+// device memory, written when the kernel takes the arguments (their memory is ready:
+// begin_unboxed_op made it so); otherwise nullopt, and ATen's kernel runs.
 template <class Op>
-struct SmallArithOf {
+struct AtOnceKernel {
   static constexpr bool exists = false;
 };
-template <>
-struct SmallArithOf<at::_ops::add_Tensor> {
-  static constexpr bool exists = true;
-  static constexpr Arith op = Arith::Add;
-};
-template <>
-struct SmallArithOf<at::_ops::sub_Tensor> {
-  static constexpr bool exists = true;
-  static constexpr Arith op = Arith::Sub;
-};
-template <>
-struct SmallArithOf<at::_ops::mul_Tensor> {
-  static constexpr bool exists = true;
-  static constexpr Arith op = Arith::Mul;
-};
 
-// The result in new device memory when the small kernel takes the operands (their memory
-// is ready: begin_unboxed_op made it so), else nullopt.
-template <class Op>
-std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const at::Tensor& self,
+at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
+}
+
+void count_host_kernel_op() {
+  op_counters().fallback_ops += 1;
+  op_counters().unboxed_ops += 1;
+  op_counters().host_kernel_ops += 1;
+}
+
+template <Arith op>
+std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const char* name, const at::Tensor& self,
                                               const at::Tensor& other, const c10::Scalar& alpha = 1) {
   const auto plan = plan_small_arith(self, other, alpha);
   if (!plan.has_value()) return std::nullopt;
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
-  LaunchScope launch(device, Op::name, /*synced=*/true);
-  at::Tensor out = at::detail::empty_generic(plan->sizes, allocator(), kNeuronKeys, plan->dtype, std::nullopt);
-  run_small_arith(SmallArithOf<Op>::op, *plan, self, other, out);
-  op_counters().fallback_ops += 1;
-  op_counters().unboxed_ops += 1;
-  op_counters().host_kernel_ops += 1;
+  LaunchScope launch(device, name, /*synced=*/true);
+  at::Tensor out = new_result(plan->sizes, plan->dtype);
+  run_small_arith(op, *plan, self, other, out);
+  count_host_kernel_op();
   return out;
 }
+
+#define NEURON_SMALL_ARITH(op_struct, arith)                                                   \
+  template <>                                                                                \
+  struct AtOnceKernel<at::_ops::op_struct> {                                                 \
+    static constexpr bool exists = true;                                                     \
+    template <class... A>                                                                    \
+    static std::optional<at::Tensor> run(c10::DeviceIndex device, const A&... args) {        \
+      return small_arith_at_once<arith>(device, at::_ops::op_struct::name, args...);         \
+    }                                                                                        \
+  };
+NEURON_SMALL_ARITH(add_Tensor, Arith::Add)
+NEURON_SMALL_ARITH(sub_Tensor, Arith::Sub)
+NEURON_SMALL_ARITH(mul_Tensor, Arith::Mul)
+#undef NEURON_SMALL_ARITH
+
+template <>
+struct AtOnceKernel<at::_ops::cat> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::ITensorListRef& tensors, int64_t dim) {
+    const auto plan = plan_dense_cat(tensors, dim);
+    if (!plan.has_value()) return std::nullopt;
+    c10::DeviceGuard guard(c10::Device(kNeuron, device));
+    LaunchScope launch(device, at::_ops::cat::name, /*synced=*/true);
+    at::Tensor out = new_result(plan->sizes, tensors.front().scalar_type());
+    run_dense_cat(*plan, tensors, out);
+    count_host_kernel_op();
+    return out;
+  }
+};
 
 // Ends what begin_unboxed_op began, however the kernel returns.
 struct UnboxedScope {
@@ -383,8 +407,8 @@ struct Unboxed<Op, Otherwise, R(A...)> {
       if (!tensors.is_written(*t)) interceptor().check_readable(*t);
     }
     const c10::DeviceIndex device = tensors.device;
-    if constexpr (SmallArithOf<Op>::exists) {
-      if (auto result = small_arith_at_once<Op>(device, args...)) return std::move(*result);
+    if constexpr (AtOnceKernel<Op>::exists) {
+      if (auto result = AtOnceKernel<Op>::run(device, args...)) return std::move(*result);
     }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
