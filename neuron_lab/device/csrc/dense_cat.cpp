@@ -1,6 +1,8 @@
 // torch.cat of small row-major tensors as block copies (dense_cat.h says what it takes).
 #include "dense_cat.h"
 
+#include "row_major.h"
+
 #include <ATen/TensorIterator.h>
 #include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
@@ -10,16 +12,7 @@
 namespace neuron {
 namespace {
 
-// Whether t's strides are the row-major ones of its sizes, size-1 dims included.
-bool row_major(const at::Tensor& t) {
-  int64_t expected = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return true;
-}
-
+// A row-major tensor with nothing to resolve, of which ATen's cat makes a contiguous result.
 bool plain(const at::Tensor& t) {
   return t.defined() && t.layout() == c10::kStrided && t.has_storage() && !t.is_conj() && !t.is_neg() &&
          !t._is_zerotensor() && t.dim() > 0 && row_major(t) &&

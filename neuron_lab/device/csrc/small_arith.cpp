@@ -1,6 +1,7 @@
 // Small elementwise add, sub and mul with ATen's bits (small_arith.h says what it takes).
 #include "small_arith.h"
 
+#include "row_major.h"
 #include "vector_clones.h"
 
 #include <ATen/TensorIterator.h>
@@ -37,17 +38,6 @@ std::optional<at::ScalarType> common_dtype(const at::Tensor& self, const at::Ten
   if (number == at::kLong) return tensor;
   if (number == at::kDouble && at::isFloatingType(tensor)) return tensor;
   return std::nullopt;
-}
-
-// Whether t's strides are the row-major ones of its sizes, size-1 dims included (so the
-// result ATen makes for it is row-major too).
-bool row_major(const at::Tensor& t) {
-  int64_t expected = 1;
-  for (int64_t d = t.dim() - 1; d >= 0; --d) {
-    if (t.stride(d) != expected) return false;
-    expected *= t.size(d);
-  }
-  return true;
 }
 
 // The broadcast of two shapes, or nullopt when they do not broadcast.
