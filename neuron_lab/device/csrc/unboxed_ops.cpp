@@ -34,6 +34,7 @@
 #include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -448,6 +449,53 @@ void register_all(torch::Library& m) {
 // builds the TensorIterator again. Run at once, the CPU's functional kernel does it all in
 // one pass; otherwise the call takes torch's wrapper as before, and is recorded as before
 // (its out= form).
+// Small add, sub and mul take the same path with their result sized by small_arith's plan,
+// without the TensorIterator: the same empty result, then the same out= call (recorded alike).
+// Only for operands of one core (a CPU number aside): mixed devices get torch's wrapper and
+// its error.
+std::optional<at::Tensor> empty_small_arith_result(const at::Tensor& self, const at::Tensor& other,
+                                                   const c10::Scalar& alpha) {
+  const at::Tensor& on_device = self.device().type() == kNeuron ? self : other;
+  for (const at::Tensor* t : {&self, &other}) {
+    const bool cpu_number = t->device().type() == c10::kCPU && t->dim() == 0;
+    if (!cpu_number && t->device() != on_device.device()) return std::nullopt;
+  }
+  if (on_device.device().type() != kNeuron) return std::nullopt;
+  const auto plan = plan_small_arith(self, other, alpha);
+  if (!plan.has_value()) return std::nullopt;
+  return at::empty(plan->sizes, on_device.options().dtype(plan->dtype));
+}
+
+#define NEURON_SMALL_ARITH_RECORDED(op_struct, function, out_op)                                        \
+  struct op_struct##_as_torch_does {                                                                  \
+    template <class R, class... A>                                                                    \
+    static R call(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {        \
+      if (auto out = empty_small_arith_result(self, other, alpha)) {                                  \
+        at::_ops::out_op::call(self, other, alpha, *out);                                             \
+        return std::move(*out);                                                                       \
+      }                                                                                               \
+      return at::compositeexplicitautogradnonfunctional::function(self, other, alpha);                \
+    }                                                                                                 \
+  };                                                                                                  \
+  void register_##op_struct(torch::Library& m) {                                                      \
+    register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                              \
+  }
+NEURON_SMALL_ARITH_RECORDED(add_Tensor, add, add_out)
+NEURON_SMALL_ARITH_RECORDED(sub_Tensor, sub, sub_out)
+#undef NEURON_SMALL_ARITH_RECORDED
+
+struct mul_Tensor_as_torch_does {
+  template <class R, class... A>
+  static R call(const at::Tensor& self, const at::Tensor& other) {
+    if (auto out = empty_small_arith_result(self, other, 1)) {
+      at::_ops::mul_out::call(self, other, *out);
+      return std::move(*out);
+    }
+    return at::compositeexplicitautogradnonfunctional::mul(self, other);
+  }
+};
+void register_mul_Tensor(torch::Library& m) { register_unboxed<at::_ops::mul_Tensor, mul_Tensor_as_torch_does>(m); }
+
 #define NEURON_STRUCTURED(op_struct, function)                                                 \
   struct op_struct##_as_torch_does {                                                          \
     template <class R, class... A>                                                            \
@@ -459,10 +507,7 @@ void register_all(torch::Library& m) {
     register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
   }
 
-NEURON_STRUCTURED(add_Tensor, add)
 NEURON_STRUCTURED(add__Tensor, add_)
-NEURON_STRUCTURED(sub_Tensor, sub)
-NEURON_STRUCTURED(mul_Tensor, mul)
 NEURON_STRUCTURED(mul__Tensor, mul_)
 NEURON_STRUCTURED(div_Tensor, div)
 NEURON_STRUCTURED(div_Tensor_mode, div)
