@@ -8,8 +8,9 @@
 // taken (best fit; of equal fits, the one freed last) and split when enough
 // remains; a freed block merges with its free neighbours, so a tensor that grows
 // a little every step (a KV cache) reuses the memory its predecessors freed
-// instead of touching new pages. Free blocks stay cached (reserved); whole free segments go back to the host on
-// empty_cache() or when a request does not fit, which is retried once before
+// instead of touching new pages. Free blocks stay cached (reserved); whole free
+// segments go back to the host on empty_cache() or when a request does not fit,
+// which is retried once before
 // torch.OutOfMemoryError is raised. Statistics follow CUDA's caching allocator
 // field for field, so torch.accelerator.memory.* and torch.neuron.memory_stats()
 // read them unchanged.

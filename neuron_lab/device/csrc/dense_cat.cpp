@@ -1,10 +1,9 @@
 // torch.cat of small row-major tensors as block copies (dense_cat.h says what it takes).
 #include "dense_cat.h"
 
-#include "row_major.h"
+#include "dense_layout.h"
 
 #include <ATen/TensorIterator.h>
-#include <c10/core/Layout.h>
 #include <c10/core/MemoryFormat.h>
 
 #include <cstring>
@@ -14,8 +13,7 @@ namespace {
 
 // A row-major tensor with nothing to resolve, of which ATen's cat makes a contiguous result.
 bool plain(const at::Tensor& t) {
-  return t.defined() && t.layout() == c10::kStrided && t.has_storage() && !t.is_conj() && !t.is_neg() &&
-         !t._is_zerotensor() && t.dim() > 0 && row_major(t) &&
+  return bytes_are_values(t) && t.dim() > 0 && row_major(t) &&
          t.suggest_memory_format() == c10::MemoryFormat::Contiguous;
 }
 

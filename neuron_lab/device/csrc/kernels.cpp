@@ -3,6 +3,7 @@
 // storage swaps, and the two convolution entry points PyTorch reserves for
 // out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
 #include "runtime.h"
+#include "dense_layout.h"
 #include "interceptor.h"
 
 #include <ATen/EmptyTensor.h>
@@ -104,9 +105,9 @@ const c10::OperatorHandle& copy_op() {
 // dtype, a KV cache written whole), no conjugate or negative bit to resolve. Storages that
 // alias each other are left to ATen (its overlap checks and errors).
 bool copies_bytes(const at::Tensor& src, const at::Tensor& dst) {
-  return src.scalar_type() == dst.scalar_type() && src.sizes() == dst.sizes() && src.strides() == dst.strides() &&
-         src.is_non_overlapping_and_dense() && !src.is_conj() && !dst.is_conj() && !src.is_neg() &&
-         !dst.is_neg() && !src._is_zerotensor() && !dst._is_zerotensor() && !src.storage().is_alias_of(dst.storage());
+  return bytes_are_values(src) && bytes_are_values(dst) && src.scalar_type() == dst.scalar_type() &&
+         src.sizes() == dst.sizes() && src.strides() == dst.strides() && src.is_non_overlapping_and_dense() &&
+         !src.storage().is_alias_of(dst.storage());
 }
 
 // The bytes of `t`'s elements, which copies_bytes() said are one block from its first element.

@@ -1,11 +1,10 @@
 // Small elementwise add, sub and mul with ATen's bits (small_arith.h says what it takes).
 #include "small_arith.h"
 
-#include "row_major.h"
+#include "dense_layout.h"
 #include "vector_clones.h"
 
 #include <ATen/TensorIterator.h>
-#include <c10/core/Layout.h>
 
 #include <type_traits>
 
@@ -17,12 +16,6 @@ bool kernel_dtype(at::ScalarType t) {
 }
 
 bool is_python_number(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); }
-
-// A plain dense strided tensor whose bytes hold its values as they read.
-bool plain(const at::Tensor& t) {
-  return t.defined() && t.layout() == c10::kStrided && t.has_storage() && !t.is_conj() && !t.is_neg() &&
-         !t._is_zerotensor();
-}
 
 // The dtype of the result, when the kernel computes in it: both operands of it, or a
 // Python number that ATen casts to the tensor's dtype (no promotion).
@@ -142,7 +135,7 @@ void run_op(Arith op, const SmallArith& plan, const at::Tensor& self, const at::
 
 std::optional<SmallArith> plan_small_arith(const at::Tensor& self, const at::Tensor& other,
                                            const c10::Scalar& alpha) {
-  if (!plain(self) || !plain(other)) return std::nullopt;
+  if (!bytes_are_values(self) || !bytes_are_values(other)) return std::nullopt;
   if (alpha.isBoolean() || alpha.isComplex() || alpha.isSymbolic()) return std::nullopt;
   if (alpha.isIntegral(false) ? alpha.toLong() != 1 : alpha.toDouble() != 1.0) return std::nullopt;
   const auto dtype = common_dtype(self, other);

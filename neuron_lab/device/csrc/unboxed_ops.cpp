@@ -319,14 +319,19 @@ struct AtOnceKernel {
   static constexpr bool exists = false;
 };
 
-at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
-}
-
-void count_host_kernel_op() {
+// A new result on `device`, written by `write` as an op run at once (a launch for the
+// profiler, counted as a host kernel's op).
+template <class Write>
+at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes, at::ScalarType dtype,
+                            Write&& write) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  LaunchScope launch(device, name, /*synced=*/true);
+  at::Tensor out = at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
+  write(out);
   op_counters().fallback_ops += 1;
   op_counters().unboxed_ops += 1;
   op_counters().host_kernel_ops += 1;
+  return out;
 }
 
 template <Arith op>
@@ -334,12 +339,8 @@ std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const cha
                                               const at::Tensor& other, const c10::Scalar& alpha = 1) {
   const auto plan = plan_small_arith(self, other, alpha);
   if (!plan.has_value()) return std::nullopt;
-  c10::DeviceGuard guard(c10::Device(kNeuron, device));
-  LaunchScope launch(device, name, /*synced=*/true);
-  at::Tensor out = new_result(plan->sizes, plan->dtype);
-  run_small_arith(op, *plan, self, other, out);
-  count_host_kernel_op();
-  return out;
+  return write_new_result(device, name, plan->sizes, plan->dtype,
+                          [&](const at::Tensor& out) { run_small_arith(op, *plan, self, other, out); });
 }
 
 #define NEURON_SMALL_ARITH(op_struct, arith)                                                   \
@@ -362,12 +363,8 @@ struct AtOnceKernel<at::_ops::cat> {
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::ITensorListRef& tensors, int64_t dim) {
     const auto plan = plan_dense_cat(tensors, dim);
     if (!plan.has_value()) return std::nullopt;
-    c10::DeviceGuard guard(c10::Device(kNeuron, device));
-    LaunchScope launch(device, at::_ops::cat::name, /*synced=*/true);
-    at::Tensor out = new_result(plan->sizes, tensors.front().scalar_type());
-    run_dense_cat(*plan, tensors, out);
-    count_host_kernel_op();
-    return out;
+    return write_new_result(device, at::_ops::cat::name, plan->sizes, tensors.front().scalar_type(),
+                            [&](const at::Tensor& out) { run_dense_cat(*plan, tensors, out); });
   }
 };
 
@@ -454,7 +451,7 @@ void register_all(torch::Library& m) {
 // Only for operands of one core (a CPU number aside): mixed devices get torch's wrapper and
 // its error.
 std::optional<at::Tensor> empty_small_arith_result(const at::Tensor& self, const at::Tensor& other,
-                                                   const c10::Scalar& alpha) {
+                                                   const c10::Scalar& alpha = 1) {
   const at::Tensor& on_device = self.device().type() == kNeuron ? self : other;
   for (const at::Tensor* t : {&self, &other}) {
     const bool cpu_number = t->device().type() == c10::kCPU && t->dim() == 0;
@@ -466,35 +463,29 @@ std::optional<at::Tensor> empty_small_arith_result(const at::Tensor& self, const
   return at::empty(plan->sizes, on_device.options().dtype(plan->dtype));
 }
 
-#define NEURON_SMALL_ARITH_RECORDED(op_struct, function, out_op)                                        \
-  struct op_struct##_as_torch_does {                                                                  \
-    template <class R, class... A>                                                                    \
-    static R call(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {        \
-      if (auto out = empty_small_arith_result(self, other, alpha)) {                                  \
-        at::_ops::out_op::call(self, other, alpha, *out);                                             \
-        return std::move(*out);                                                                       \
-      }                                                                                               \
-      return at::compositeexplicitautogradnonfunctional::function(self, other, alpha);                \
-    }                                                                                                 \
-  };                                                                                                  \
-  void register_##op_struct(torch::Library& m) {                                                      \
-    register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                              \
+// The out= call with that result, when there is one ([alpha] for add and sub, none for mul).
+template <class OutOp, class... Alpha>
+std::optional<at::Tensor> record_small_arith(const at::Tensor& self, const at::Tensor& other, const Alpha&... alpha) {
+  auto out = empty_small_arith_result(self, other, alpha...);
+  if (out.has_value()) OutOp::call(self, other, alpha..., *out);
+  return out;
+}
+
+#define NEURON_SMALL_ARITH_RECORDED(op_struct, function, out_op)                                \
+  struct op_struct##_as_torch_does {                                                          \
+    template <class R, class... A>                                                            \
+    static R call(A&&... args) {                                                              \
+      if (auto out = record_small_arith<at::_ops::out_op>(args...)) return std::move(*out);   \
+      return at::compositeexplicitautogradnonfunctional::function(std::forward<A>(args)...);  \
+    }                                                                                         \
+  };                                                                                          \
+  void register_##op_struct(torch::Library& m) {                                              \
+    register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
   }
 NEURON_SMALL_ARITH_RECORDED(add_Tensor, add, add_out)
 NEURON_SMALL_ARITH_RECORDED(sub_Tensor, sub, sub_out)
+NEURON_SMALL_ARITH_RECORDED(mul_Tensor, mul, mul_out)
 #undef NEURON_SMALL_ARITH_RECORDED
-
-struct mul_Tensor_as_torch_does {
-  template <class R, class... A>
-  static R call(const at::Tensor& self, const at::Tensor& other) {
-    if (auto out = empty_small_arith_result(self, other, 1)) {
-      at::_ops::mul_out::call(self, other, *out);
-      return std::move(*out);
-    }
-    return at::compositeexplicitautogradnonfunctional::mul(self, other);
-  }
-};
-void register_mul_Tensor(torch::Library& m) { register_unboxed<at::_ops::mul_Tensor, mul_Tensor_as_torch_does>(m); }
 
 #define NEURON_STRUCTURED(op_struct, function)                                                 \
   struct op_struct##_as_torch_does {                                                          \
