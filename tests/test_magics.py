@@ -212,8 +212,8 @@ def test_nested_run_cell_and_time_count_as_one_cell(ip: InteractiveShell) -> Non
 
 
 BAD_INDEX = "bad = torch.tensor([0, 9], device='neuron')\n"
-# x, and one index_select already run: its first call with given input shapes runs inline to
-# learn its result shapes (its meta kernel is Python code); later calls are queued, and fail later.
+# x, and one index_select already run. index_select is recorded (its result shape comes from
+# a C++ shape rule): a bad index is found by the CPU kernel when the queued op runs, later.
 X_AND_INDEX_SELECT = "x = torch.randn(4, 5, device='neuron')\nx.index_select(0, torch.tensor([0, 1], device='neuron'))"
 
 

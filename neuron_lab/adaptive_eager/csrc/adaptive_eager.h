@@ -203,6 +203,11 @@ void flush_device_buffers(c10::DeviceIndex device, Reason reason);
 // loads; false unregisters it, leaving the device alone (a test of the device by itself).
 void install_recorder(bool installed = true);
 
+struct MetaResult;
+// Result metadata computed in C++ for an op whose meta kernel is Python (shape_rules.cpp);
+// std::nullopt where the rule is not sure, and the meta kernel decides.
+using ShapeRule = std::optional<MetaResult> (*)(const c10::IValue* args, size_t n);
+
 // How an op's results relate to its arguments (from its schema).
 struct OpClass {
   bool recordable = false;
@@ -218,6 +223,7 @@ struct OpClass {
   // call imports torch._dynamo and more (about a second). Until that is loaded anyway,
   // the op's result metadata is learned from running it inline once per signature.
   bool python_meta = false;
+  ShapeRule shape_rule = nullptr;  // set for a few such ops (shape_rules.cpp)
   // An elementwise op (tagged pointwise, draws no random numbers) whose results replay
   // through its out= twin or in place: a run of them can replay tile by tile (tiled.cpp).
   bool pointwise = false;
@@ -247,6 +253,13 @@ struct MetaResult {
 using MetaPtr = std::shared_ptr<const MetaResult>;
 // The metadata of the results of this call of the op (args: its n arguments).
 MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n);
+// ---- shape_rules.cpp -------------------------------------------------------------------
+ShapeRule shape_rule_for(const c10::OperatorHandle& op);
+// The dtype of layer and group norm's saved mean and rstd on the CPU: float32 for a
+// reduced-precision input with float32 weight or bias (ATen's param_scalar_type), else
+// the input's.
+c10::ScalarType norm_statistics_dtype(const at::Tensor& input, const at::Tensor* weight, const at::Tensor* bias);
+
 // Drops a lesson meta_for left for the calling thread (the call did not run inline).
 void forget_lesson();
 

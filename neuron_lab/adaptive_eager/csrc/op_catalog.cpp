@@ -141,6 +141,7 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   }
   c.recordable = true;
   c.python_meta = meta_kernel_is_torch_python(op);
+  if (c.python_meta) c.shape_rule = shape_rule_for(op);
   if (c.functional && std::all_of(c.return_arg.begin(), c.return_arg.end(), [](int a) { return a < 0; })) {
     c.out_twin = out_twin_of(op);
   }

@@ -131,14 +131,10 @@ void correct_norm_statistics(const c10::OperatorHandle& op, const c10::IValue* a
     return;
   }
   if (n < weight + 2 || !args[0].isTensor() || r.returns.size() != 3) return;
-  const auto input = args[0].toTensor().scalar_type();
-  bool mixed = false;
-  for (size_t i = weight; i < weight + 2; ++i) {
-    if (args[i].isTensor() && args[i].toTensor().defined()) {
-      mixed = mixed || (at::isReducedFloatingType(input) && args[i].toTensor().scalar_type() == at::kFloat);
-    }
-  }
-  const auto statistics = mixed ? at::kFloat : input;
+  auto param = [&](size_t i) {
+    return args[i].isTensor() && args[i].toTensor().defined() ? &args[i].toTensor() : nullptr;
+  };
+  const auto statistics = norm_statistics_dtype(args[0].toTensor(), param(weight), param(weight + 1));
   for (size_t k = 1; k < 3; ++k) {
     for (auto& meta : r.returns[k]) meta.dtype = statistics;
   }
@@ -267,6 +263,14 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
   for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i], cls.float_values_free);
   if (cacheable) {
     if (auto known = meta_cache().find(key)) return known;
+  }
+  if (cls.shape_rule != nullptr) {
+    if (auto ruled = cls.shape_rule(args, n)) {
+      counters().metas_computed.fetch_add(1, std::memory_order_relaxed);
+      auto result = std::make_shared<const MetaResult>(std::move(*ruled));
+      if (cacheable) meta_cache().remember(key, result);
+      return result;
+    }
   }
   if (cls.python_meta && cacheable && !python_metas_loaded()) {
     Lesson lesson{key, &op.schema(), {}};

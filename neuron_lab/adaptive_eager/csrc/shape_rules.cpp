@@ -1,0 +1,133 @@
+// Result metadata in C++ for the few ops a transformer's decode step records whose meta
+// kernel is torch's Python code: layer norm, embedding's index_select and the CPU flash
+// attention kernel. Calling that Python costs ~0.25M instructions a signature once it
+// is warm and ~1M while it is not, and generation meets new signatures every time the
+// KV cache grows. Each rule gives the metadata the CPU kernel gives (sizes, strides,
+// dtype) and declines (std::nullopt) any call it is not sure of: that call takes the
+// meta kernel as before, and raises where it raises.
+#include "adaptive_eager.h"
+
+#include <string_view>
+
+namespace neuron::lazy {
+
+namespace {
+
+using Sizes = std::vector<int64_t>;
+
+std::vector<int64_t> contiguous_strides(const Sizes& sizes) {
+  std::vector<int64_t> strides(sizes.size());
+  int64_t stride = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    strides[i] = stride;
+    stride *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+TensorMeta contiguous(Sizes sizes, c10::ScalarType dtype) {
+  auto strides = contiguous_strides(sizes);
+  return {std::move(sizes), std::move(strides), dtype};
+}
+
+const at::Tensor* tensor_arg(const c10::IValue* args, size_t n, size_t i) {
+  if (i >= n || !args[i].isTensor()) return nullptr;
+  const at::Tensor& t = args[i].toTensor();
+  return t.defined() ? &t : nullptr;
+}
+
+bool is_float(c10::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+MetaResult single(std::vector<TensorMeta> metas) {
+  MetaResult r;
+  r.ok = true;
+  for (auto& m : metas) r.returns.push_back({std::move(m)});
+  return r;
+}
+
+// native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd).
+// The CPU kernel normalises a contiguous copy: out is contiguous in the input's shape;
+// mean and rstd are [M] viewed as input.shape[:axis] + [1] * len(normalized_shape), in
+// the dtype of ATen's param_scalar_type (the recorder's norm_statistics_dtype).
+std::optional<MetaResult> layer_norm(const c10::IValue* args, size_t n) {
+  const at::Tensor* input = tensor_arg(args, n, 0);
+  if (input == nullptr || n != 5 || !args[1].isIntList() || !is_float(input->scalar_type())) return std::nullopt;
+  const Sizes normalized = args[1].toIntVector();
+  const auto dims = static_cast<size_t>(input->dim());
+  if (normalized.empty() || normalized.size() > dims) return std::nullopt;
+  const size_t axis = dims - normalized.size();
+  for (size_t i = 0; i < normalized.size(); ++i) {
+    if (input->sizes()[axis + i] != normalized[i]) return std::nullopt;
+  }
+  for (size_t i = 2; i < 4; ++i) {
+    if (args[i].isNone()) continue;
+    const at::Tensor* param = tensor_arg(args, n, i);
+    if (param == nullptr || param->sizes() != c10::IntArrayRef(normalized) || !is_float(param->scalar_type())) {
+      return std::nullopt;
+    }
+  }
+  Sizes statistics(input->sizes().begin(), input->sizes().begin() + static_cast<int64_t>(axis));
+  statistics.resize(dims, 1);
+  const auto statistics_dtype = norm_statistics_dtype(*input, tensor_arg(args, n, 2), tensor_arg(args, n, 3));
+  return single({contiguous(input->sizes().vec(), input->scalar_type()), contiguous(statistics, statistics_dtype),
+                 contiguous(statistics, statistics_dtype)});
+}
+
+// index_select(self, dim, index): self's shape with index.numel() at dim, contiguous.
+std::optional<MetaResult> index_select(const c10::IValue* args, size_t n) {
+  const at::Tensor* self = tensor_arg(args, n, 0);
+  const at::Tensor* index = tensor_arg(args, n, 2);
+  if (self == nullptr || index == nullptr || n != 3 || !args[1].isInt() || self->dim() == 0) return std::nullopt;
+  if ((index->scalar_type() != at::kLong && index->scalar_type() != at::kInt) || index->dim() > 1) return std::nullopt;
+  int64_t dim = args[1].toInt();
+  if (dim < -self->dim() || dim >= self->dim()) return std::nullopt;
+  if (dim < 0) dim += self->dim();
+  Sizes sizes = self->sizes().vec();
+  sizes[static_cast<size_t>(dim)] = index->numel();
+  return single({contiguous(std::move(sizes), self->scalar_type())});
+}
+
+// _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, attn_mask?,
+// scale?) -> (out, logsumexp). out takes q's layout (taken only where q is dense, so
+// that its strides are the layout); logsumexp is [B, Lq, H] transposed to [B, H, Lq],
+// in float for half and bfloat16 queries.
+std::optional<MetaResult> flash_attention_cpu(const c10::IValue* args, size_t n) {
+  const at::Tensor* q = tensor_arg(args, n, 0);
+  const at::Tensor* k = tensor_arg(args, n, 1);
+  const at::Tensor* v = tensor_arg(args, n, 2);
+  if (q == nullptr || k == nullptr || v == nullptr || n != 7) return std::nullopt;
+  if (q->dim() != 4 || k->dim() != 4 || v->dim() != 4 || !is_float(q->scalar_type())) return std::nullopt;
+  if (k->scalar_type() != q->scalar_type() || v->scalar_type() != q->scalar_type()) return std::nullopt;
+  if (!q->is_non_overlapping_and_dense()) return std::nullopt;
+  const int64_t batch = q->size(0), heads = q->size(1), length = q->size(2);
+  const bool reduced = at::isReducedFloatingType(q->scalar_type());
+  const int64_t heads_stride = std::max<int64_t>(heads, 1);  // ATen's contiguous strides
+  TensorMeta logsumexp{{batch, heads, length},
+                       {heads_stride * std::max<int64_t>(length, 1), 1, heads_stride},
+                       reduced ? at::kFloat : q->scalar_type()};
+  return single({{q->sizes().vec(), q->strides().vec(), q->scalar_type()}, std::move(logsumexp)});
+}
+
+}  // namespace
+
+c10::ScalarType norm_statistics_dtype(const at::Tensor& input, const at::Tensor* weight, const at::Tensor* bias) {
+  const bool reduced = at::isReducedFloatingType(input.scalar_type());
+  for (const at::Tensor* param : {weight, bias}) {
+    if (reduced && param != nullptr && param->scalar_type() == at::kFloat) return at::kFloat;
+  }
+  return input.scalar_type();
+}
+
+ShapeRule shape_rule_for(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (!schema.overload_name().empty()) return nullptr;
+  const std::string_view name = schema.name();
+  if (name == "aten::native_layer_norm") return layer_norm;
+  if (name == "aten::index_select") return index_select;
+  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return flash_attention_cpu;
+  return nullptr;
+}
+
+}  // namespace neuron::lazy

@@ -1,0 +1,195 @@
+"""Result metadata of ops whose meta kernel is torch's Python code, computed in C++
+(neuron_lab/adaptive_eager/csrc/shape_rules.cpp): layer norm, index_select and the CPU
+flash attention kernel. A recorded op's results must have the CPU's sizes, strides, dtype
+and bits; the cases a rule takes run no Python to size them; the cases it declines still
+equal the CPU, and bad input still raises at the op."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_lab import adaptive_eager as ae
+
+# Where torch's Python meta kernels and the decompositions they call live.
+PYTHON_META_FILES = ("_meta_registrations", "_refs", "_decomp", "_prims")
+
+
+@contextlib.contextmanager
+def python_metas_called() -> Iterator[list[str]]:
+    """Collects the names of torch's Python meta functions called on this thread."""
+    called: list[str] = []
+
+    def profile(frame, event, arg):
+        if event == "call" and any(part in frame.f_code.co_filename for part in PYTHON_META_FILES):
+            called.append(frame.f_code.co_name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(previous)
+
+
+def as_tuple(result) -> tuple[torch.Tensor, ...]:
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
+def check_recorded_like_the_cpu(op: Callable, *inputs: torch.Tensor, name: str) -> None:
+    """Records op on the neuron copies of inputs and compares every result with the CPU's:
+    sizes, strides and dtype while still pending, then bits; the op must be recorded (not
+    run inline) with no Python meta kernel called."""
+    expected = as_tuple(op(*inputs))
+    on_device = [t.to("neuron") for t in inputs]
+    torch.neuron.synchronize()
+    ae.reset_counters()
+    with python_metas_called() as called:
+        got = as_tuple(op(*on_device))
+    assert ae.counters()["launches"] == 0, f"{name}: the op ran instead of being recorded"
+    assert name not in ae.counters()["inline_by_op"], f"{name} ran inline"
+    assert called == [], f"{name}: Python meta code ran: {called[:5]}"
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert (g.shape, g.stride(), g.dtype) == (e.shape, e.stride(), e.dtype), name
+    for g, e in zip(got, expected):
+        assert torch.equal(g.cpu(), e), name
+
+
+def layer_norm(x, shape, weight=None, bias=None):
+    return torch.ops.aten.native_layer_norm(x, shape, weight, bias, 1e-5)
+
+
+LAYER_NORM_CASES = {
+    "affine": lambda: (torch.randn(3, 5, 8), [8], torch.randn(8), torch.randn(8)),
+    "two dims, no affine": lambda: (torch.randn(2, 3, 4, 6), [4, 6]),
+    "whole tensor": lambda: (torch.randn(3, 5, 8), [3, 5, 8], torch.randn(3, 5, 8), None),
+    "transposed input": lambda: (torch.randn(5, 3, 8).transpose(0, 1), [8], torch.randn(8), torch.randn(8)),
+    "empty batch": lambda: (torch.randn(0, 8), [8], torch.randn(8), torch.randn(8)),
+    "bf16 with float weight": lambda: (torch.randn(4, 16).bfloat16(), [16], torch.randn(16), torch.randn(16)),
+    "bf16": lambda: (torch.randn(4, 16).bfloat16(), [16], torch.randn(16).bfloat16(), None),
+    "half with float bias": lambda: (torch.randn(4, 16).half(), [16], None, torch.randn(16)),
+    "double": lambda: (torch.randn(2, 7, dtype=torch.double), [7], torch.randn(7, dtype=torch.double), None),
+}
+
+
+@pytest.mark.parametrize("case", LAYER_NORM_CASES)
+def test_layer_norm_is_recorded_with_the_cpus_results(case: str) -> None:
+    x, shape, *params = LAYER_NORM_CASES[case]()
+    params += [None] * (2 - len(params))
+    present = [p for p in params if p is not None]
+
+    def op(x, *given):
+        given = iter(given)
+        weight, bias = (None if p is None else next(given) for p in params)
+        return layer_norm(x, shape, weight, bias)
+
+    check_recorded_like_the_cpu(op, x, *present, name="aten::native_layer_norm")
+
+
+INDEX_SELECT_CASES = {
+    "rows": lambda: (torch.randn(6, 4), 0, torch.tensor([3, 0, 5, 3])),
+    "last dim, int32 index": lambda: (torch.randn(6, 4), -1, torch.tensor([2, 1], dtype=torch.int32)),
+    "0-d index": lambda: (torch.randn(6, 4), 1, torch.tensor(2)),
+    "empty index": lambda: (torch.randn(6, 4), 0, torch.tensor([], dtype=torch.long)),
+    "transposed self": lambda: (torch.randn(4, 6).t(), 0, torch.tensor([5, 0])),
+    "middle of 3-d, ints": lambda: (torch.arange(60).view(3, 4, 5), 1, torch.tensor([3, 3, 0])),
+    "embedding rows": lambda: (torch.randn(50, 16), 0, torch.randint(0, 50, (7,))),
+}
+
+
+@pytest.mark.parametrize("case", INDEX_SELECT_CASES)
+def test_index_select_is_recorded_with_the_cpus_results(case: str) -> None:
+    x, dim, index = INDEX_SELECT_CASES[case]()
+    check_recorded_like_the_cpu(lambda x, index: torch.index_select(x, dim, index), x, index,
+                                name="aten::index_select")
+
+
+def flash(q, k, v, causal=False, scale=None):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def heads_last(batch, length, heads, dim, dtype=torch.float32):
+    """[B, H, L, D] as a transformer makes it: a [B, L, H, D] projection transposed."""
+    return torch.randn(batch, length, heads, dim, dtype=dtype).transpose(1, 2)
+
+
+FLASH_CASES = {
+    "contiguous": lambda: (torch.randn(1, 4, 5, 8), torch.randn(1, 4, 7, 8), torch.randn(1, 4, 7, 8)),
+    "heads transposed (a transformer's q)": lambda: (heads_last(2, 5, 4, 8), heads_last(2, 9, 4, 8),
+                                                     heads_last(2, 9, 4, 8)),
+    "one query token, causal": lambda: (heads_last(1, 1, 4, 8), heads_last(1, 33, 4, 8), heads_last(1, 33, 4, 8)),
+    "one head": lambda: (torch.randn(3, 1, 6, 16), torch.randn(3, 1, 6, 16), torch.randn(3, 1, 6, 16)),
+    "bf16": lambda: tuple(heads_last(1, 6, 2, 8, torch.bfloat16) for _ in range(3)),
+    "double": lambda: tuple(torch.randn(1, 2, 3, 4, dtype=torch.double) for _ in range(3)),
+}
+
+
+@pytest.mark.parametrize("case", FLASH_CASES)
+def test_cpu_flash_attention_is_recorded_with_the_cpus_results(case: str) -> None:
+    causal = "causal" in case
+    check_recorded_like_the_cpu(lambda q, k, v: flash(q, k, v, causal, scale=0.3 if causal else None),
+                                *FLASH_CASES[case](), name="aten::_scaled_dot_product_flash_attention_for_cpu")
+
+
+def test_a_transformers_attention_is_recorded_without_python() -> None:
+    """F.scaled_dot_product_attention as transformers calls it, with layer norm and an
+    embedding lookup before it: all recorded, no Python meta code."""
+    torch.manual_seed(0)
+    embedding, norm = torch.nn.Embedding(40, 32), torch.nn.LayerNorm(32)
+
+    def block(ids, emb, norm_weight, norm_bias):
+        h = F.layer_norm(F.embedding(ids, emb), (32,), norm_weight, norm_bias)
+        q = h.view(1, 6, 4, 8).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    check_recorded_like_the_cpu(block, torch.randint(0, 40, (1, 6)), embedding.weight.detach(),
+                                norm.weight.detach(), norm.bias.detach(), name="aten::index_select")
+
+
+# ---- what the rules decline ------------------------------------------------------------------
+
+
+DECLINED = {
+    "index_select of a 0-d tensor": lambda: torch.index_select(torch.tensor(3.0), 0, torch.tensor([0])),
+    "index_select with a 2-d index": lambda: torch.index_select(torch.randn(4, 3), 0, torch.tensor([[0, 1]])),
+    "layer norm of an int tensor": lambda: layer_norm(torch.arange(6).view(2, 3), [3]),
+    "flash attention of an expanded query": lambda: flash(torch.randn(1, 2, 1, 8).expand(1, 2, 5, 8),
+                                                          torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)),
+    "flash attention of 3-d inputs": lambda: flash(torch.randn(2, 5, 8), torch.randn(2, 5, 8),
+                                                   torch.randn(2, 5, 8)),
+    "flash attention of mixed dtypes": lambda: flash(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8).double(),
+                                                     torch.randn(1, 2, 5, 8)),
+    "layer norm over a wrong shape": lambda: layer_norm(torch.randn(3, 5), [4]),
+    "index_select past the last dim": lambda: torch.index_select(torch.randn(4, 3), 2, torch.tensor([0])),
+}
+
+
+def on_neuron(make: Callable[[], object]) -> object:
+    """Runs make with every tensor it creates on the neuron device (the default device)."""
+    with torch.device("neuron"):
+        return make()
+
+
+@pytest.mark.parametrize("case", DECLINED)
+def test_declined_calls_equal_the_cpu_or_raise_its_error_at_the_op(case: str) -> None:
+    make = DECLINED[case]
+    torch.manual_seed(1)
+    try:
+        expected = as_tuple(make())
+    except (RuntimeError, IndexError) as error:
+        torch.manual_seed(1)
+        with pytest.raises(type(error)):
+            on_neuron(make)  # at the op, not at a later wait
+        assert (torch.ones(3, device="neuron") * 2).sum().item() == 6.0  # the runtime still works
+        return
+    torch.manual_seed(1)
+    got = as_tuple(on_neuron(make))
+    for g, e in zip(got, expected):
+        assert (g.shape, g.dtype) == (e.shape, e.dtype)
+        assert torch.equal(g.cpu(), e), case
