@@ -204,8 +204,9 @@ void flush_device_buffers(c10::DeviceIndex device, Reason reason);
 void install_recorder(bool installed = true);
 
 struct MetaResult;
-// Result metadata computed in C++ for an op whose meta kernel is Python (shape_rules.cpp);
-// std::nullopt where the rule is not sure, and the meta kernel decides.
+// Result metadata computed in C++ for an op whose meta kernel is Python (shape_rules.cpp):
+// a result that is not ok runs the call inline (ATen rejects it: its error is raised at
+// the op); std::nullopt where the rule is not sure, and the meta kernel decides.
 using ShapeRule = std::optional<MetaResult> (*)(const c10::IValue* args, size_t n);
 
 // How an op's results relate to its arguments (from its schema).
@@ -219,11 +220,8 @@ struct OpClass {
   // A functional op's out= overload (same arguments, then one out tensor per result):
   // replay writes the results straight into the memory the recorder gave them.
   std::optional<c10::OperatorHandle> out_twin;
-  // Its meta kernel is torch's Python code (torch._meta_registrations, refs): the first
-  // call imports torch._dynamo and more (about a second). Until that is loaded anyway,
-  // the op's result metadata is learned from running it inline once per signature.
-  bool python_meta = false;
-  ShapeRule shape_rule = nullptr;  // set for a few such ops (shape_rules.cpp)
+  // Result metadata in C++ for a few ops whose meta kernel is Python (shape_rules.cpp).
+  ShapeRule shape_rule = nullptr;
   // An elementwise op (tagged pointwise, draws no random numbers) whose results replay
   // through its out= twin or in place: a run of them can replay tile by tile (tiled.cpp).
   bool pointwise = false;
@@ -236,6 +234,11 @@ struct OpClass {
 // ---- op_catalog.cpp -------------------------------------------------------------------
 // The class of an op (made once per op, lock-free per call after a thread's first).
 const OpClass& classify(const c10::OperatorHandle& op);
+// Whether the op's meta kernel is torch's Python code (torch._meta_registrations, refs):
+// its first call imports torch._dynamo and more (about a second). Until that is loaded
+// anyway, the op's result metadata is learned from running it inline once per signature.
+// Found once per op, when first asked.
+bool meta_kernel_is_torch_python(const c10::OperatorHandle& op);
 
 // ---- result_meta.cpp ------------------------------------------------------------------
 struct TensorMeta {

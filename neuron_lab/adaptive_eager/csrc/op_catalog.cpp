@@ -5,6 +5,7 @@
 
 #include <ATen/core/enum_tag.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <mutex>
@@ -21,23 +22,48 @@ namespace {
 
 // The overload names of every registered operator, by operator name: a twin is looked up
 // among an op's own overloads instead of copying the dispatcher's list of all operator
-// names for every op classified (18M instructions of a first generate() call, nearly half
-// of what it cost over blocking mode). An op registered after the index was made (a custom
-// op) is not in it: the index is made again.
-std::vector<std::string> overloads_of(const c10::OperatorName& op) {
-  static std::mutex mutex;
-  static std::unordered_map<std::string, std::vector<std::string>> index;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = index.find(op.name);
-  if (it == index.end()) {
-    index.clear();
-    for (auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      index[std::move(name.name)].push_back(std::move(name.overload_name));
-    }
-    it = index.find(op.name);
-    if (it == index.end()) return {};
+// names for every op classified (18M instructions of a first generate() call). The
+// dispatcher keeps the index current (a registration listener): an op registered later,
+// a custom op or one torch registers from Python on first use, is added as it registers,
+// instead of the whole index being rebuilt for it (~0.9M instructions each time).
+class OverloadIndex final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& op) override {
+    const auto& name = op.operator_name();
+    std::lock_guard<std::mutex> lock(mutex_);
+    index_[name.name].push_back(name.overload_name);
   }
-  return it->second;
+  void onOperatorDeregistered(const c10::OperatorHandle& op) override {
+    const auto& name = op.operator_name();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = index_.find(name.name);
+    if (it == index_.end()) return;
+    auto& overloads = it->second;
+    overloads.erase(std::remove(overloads.begin(), overloads.end(), name.overload_name), overloads.end());
+  }
+  // A copy: the caller looks the overloads up in the dispatcher, which must not run under
+  // this lock (the dispatcher calls the listener with its own lock held).
+  std::vector<std::string> overloads_of(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = index_.find(name);
+    return it == index_.end() ? std::vector<std::string>{} : it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::vector<std::string>> index_;
+};
+
+std::vector<std::string> overloads_of(const c10::OperatorName& op) {
+  static OverloadIndex* index = [] {
+    auto listener = std::make_unique<OverloadIndex>();
+    OverloadIndex* kept = listener.get();
+    // Told of every op registered so far, then of each one as it registers; never
+    // removed (the handle is leaked with the index, which lives until exit).
+    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(std::move(listener)));
+    return kept;
+  }();
+  return index->overloads_of(op.name);
 }
 
 // The out= overload of a functional op whose every result is a plain tensor: the
@@ -73,20 +99,6 @@ std::optional<c10::OperatorHandle> out_twin_of(const c10::OperatorHandle& op) {
       if (same && candidate->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return candidate;
   }
   return std::nullopt;
-}
-
-// Whether the op's Meta kernel is Python code of torch itself (the dispatcher's
-// registration record names the file).
-bool meta_kernel_is_torch_python(const c10::OperatorHandle& op) {
-  const std::string state = op.dumpState();
-  const std::string marker = "\nMeta: registered at ";
-  const auto at = state.find(marker);
-  if (at == std::string::npos) return false;
-  const auto end = state.find('\n', at + marker.size());
-  const std::string where = state.substr(at + marker.size(), end - at - marker.size());
-  return where.find(".py:") != std::string::npos &&
-         where.find(std::string("torch") + static_cast<char>(std::filesystem::path::preferred_separator)) !=
-             std::string::npos;
 }
 
 OpClass classify_uncached(const c10::OperatorHandle& op) {
@@ -140,8 +152,7 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
     c.return_arg.push_back(found);
   }
   c.recordable = true;
-  c.python_meta = meta_kernel_is_torch_python(op);
-  if (c.python_meta) c.shape_rule = shape_rule_for(op);
+  c.shape_rule = shape_rule_for(op);
   if (c.functional && std::all_of(c.return_arg.begin(), c.return_arg.end(), [](int a) { return a < 0; })) {
     c.out_twin = out_twin_of(op);
   }
@@ -228,6 +239,31 @@ OpCatalog& catalog() {
 }  // namespace
 
 const OpClass& classify(const c10::OperatorHandle& op) { return catalog().classify(op); }
+
+bool meta_kernel_is_torch_python(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* known = new std::unordered_map<const void*, bool>();  // by schema, until exit
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known->find(&op.schema());
+    if (it != known->end()) return it->second;
+  }
+  // The dispatcher's registration record names the file of each kernel (~0.1M
+  // instructions to print them all, once per op).
+  const std::string state = op.dumpState();
+  const std::string marker = "\nMeta: registered at ";
+  bool python = false;
+  if (const auto at = state.find(marker); at != std::string::npos) {
+    const auto end = state.find('\n', at + marker.size());
+    const std::string where = state.substr(at + marker.size(), end - at - marker.size());
+    python = where.find(".py:") != std::string::npos &&
+             where.find(std::string("torch") + static_cast<char>(std::filesystem::path::preferred_separator)) !=
+                 std::string::npos;
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  known->insert_or_assign(&op.schema(), python);
+  return python;
+}
 bool out_twin_refused(const c10::OperatorHandle& op) { return catalog().out_twin_refused(op); }
 void refuse_out_twin(const c10::OperatorHandle& op) { catalog().refuse_out_twin(op); }
 void never_record(const c10::OperatorHandle& op, const std::string& why) { catalog().never_record(op, why); }

@@ -272,7 +272,7 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
       return result;
     }
   }
-  if (cls.python_meta && cacheable && !python_metas_loaded()) {
+  if (cacheable && !python_metas_loaded() && meta_kernel_is_torch_python(op)) {
     Lesson lesson{key, &op.schema(), {}};
     for (size_t i = 0; i < n; ++i) {
       if (cls.write_arg[i] && args[i].isTensor() && args[i].toTensor().defined()) {

@@ -3,8 +3,10 @@
 // attention kernel. Calling that Python costs ~0.25M instructions a signature once it
 // is warm and ~1M while it is not, and generation meets new signatures every time the
 // KV cache grows. Each rule gives the metadata the CPU kernel gives (sizes, strides,
-// dtype) and declines (std::nullopt) any call it is not sure of: that call takes the
-// meta kernel as before, and raises where it raises.
+// dtype); for a call ATen's checks reject it says run_inline(), so that the error is
+// raised at the op (Python meta kernels check less: index_select's takes a 2-d index,
+// and the error would surface at a later wait); any other call it is not sure of it
+// declines (std::nullopt), and the meta kernel decides as before.
 #include "adaptive_eager.h"
 
 #include <string_view>
@@ -40,6 +42,9 @@ bool is_float(c10::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
+// The call is one ATen rejects: run it inline, where its error is raised at the op.
+MetaResult run_inline() { return {}; }
+
 MetaResult single(std::vector<TensorMeta> metas) {
   MetaResult r;
   r.ok = true;
@@ -53,20 +58,20 @@ MetaResult single(std::vector<TensorMeta> metas) {
 // the dtype of ATen's param_scalar_type (the recorder's norm_statistics_dtype).
 std::optional<MetaResult> layer_norm(const c10::IValue* args, size_t n) {
   const at::Tensor* input = tensor_arg(args, n, 0);
-  if (input == nullptr || n != 5 || !args[1].isIntList() || !is_float(input->scalar_type())) return std::nullopt;
+  if (input == nullptr || n != 5 || !args[1].isIntList()) return std::nullopt;
+  if (!is_float(input->scalar_type())) return run_inline();
   const Sizes normalized = args[1].toIntVector();
   const auto dims = static_cast<size_t>(input->dim());
-  if (normalized.empty() || normalized.size() > dims) return std::nullopt;
+  if (normalized.empty() || normalized.size() > dims) return run_inline();
   const size_t axis = dims - normalized.size();
   for (size_t i = 0; i < normalized.size(); ++i) {
-    if (input->sizes()[axis + i] != normalized[i]) return std::nullopt;
+    if (input->sizes()[axis + i] != normalized[i]) return run_inline();
   }
   for (size_t i = 2; i < 4; ++i) {
     if (args[i].isNone()) continue;
     const at::Tensor* param = tensor_arg(args, n, i);
-    if (param == nullptr || param->sizes() != c10::IntArrayRef(normalized) || !is_float(param->scalar_type())) {
-      return std::nullopt;
-    }
+    if (param == nullptr || !is_float(param->scalar_type())) return std::nullopt;
+    if (param->sizes() != c10::IntArrayRef(normalized)) return run_inline();
   }
   Sizes statistics(input->sizes().begin(), input->sizes().begin() + static_cast<int64_t>(axis));
   statistics.resize(dims, 1);
@@ -80,9 +85,11 @@ std::optional<MetaResult> index_select(const c10::IValue* args, size_t n) {
   const at::Tensor* self = tensor_arg(args, n, 0);
   const at::Tensor* index = tensor_arg(args, n, 2);
   if (self == nullptr || index == nullptr || n != 3 || !args[1].isInt() || self->dim() == 0) return std::nullopt;
-  if ((index->scalar_type() != at::kLong && index->scalar_type() != at::kInt) || index->dim() > 1) return std::nullopt;
+  if ((index->scalar_type() != at::kLong && index->scalar_type() != at::kInt) || index->dim() > 1) {
+    return run_inline();
+  }
   int64_t dim = args[1].toInt();
-  if (dim < -self->dim() || dim >= self->dim()) return std::nullopt;
+  if (dim < -self->dim() || dim >= self->dim()) return run_inline();
   if (dim < 0) dim += self->dim();
   Sizes sizes = self->sizes().vec();
   sizes[static_cast<size_t>(dim)] = index->numel();
@@ -98,9 +105,10 @@ std::optional<MetaResult> flash_attention_cpu(const c10::IValue* args, size_t n)
   const at::Tensor* k = tensor_arg(args, n, 1);
   const at::Tensor* v = tensor_arg(args, n, 2);
   if (q == nullptr || k == nullptr || v == nullptr || n != 7) return std::nullopt;
-  if (q->dim() != 4 || k->dim() != 4 || v->dim() != 4 || !is_float(q->scalar_type())) return std::nullopt;
-  if (k->scalar_type() != q->scalar_type() || v->scalar_type() != q->scalar_type()) return std::nullopt;
-  if (!q->is_non_overlapping_and_dense()) return std::nullopt;
+  if (q->dim() != 4 || k->dim() != 4 || v->dim() != 4 || !is_float(q->scalar_type())) return run_inline();
+  if (k->scalar_type() != q->scalar_type() || v->scalar_type() != q->scalar_type()) return run_inline();
+  if (k->size(3) != q->size(3) || v->size(3) != q->size(3)) return run_inline();
+  if (!q->is_non_overlapping_and_dense() || q->numel() == 0 || k->numel() == 0) return std::nullopt;
   const int64_t batch = q->size(0), heads = q->size(1), length = q->size(2);
   const bool reduced = at::isReducedFloatingType(q->scalar_type());
   const int64_t heads_stride = std::max<int64_t>(heads, 1);  // ATen's contiguous strides
