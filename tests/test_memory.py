@@ -106,6 +106,29 @@ def test_blocks_are_split_from_segments_and_merge_when_freed() -> None:
     ]
 
 
+def test_blocks_waiting_in_quick_bins_merge_before_memory_is_reserved() -> None:
+    """A freed block of up to 64 KiB waits unmerged for a request of its size; a request
+    that only fits once it is merged with its neighbours empties the bins instead of
+    reserving a new segment. A fresh process: one full segment of 32 blocks of 64 KiB;
+    memory_reserved() is read only when nothing is binned (reading statistics merges)."""
+    result = run_python(
+        """
+        import torch
+        KiB = 2**10
+        blocks = [torch.empty(64 * KiB, dtype=torch.uint8, device="neuron") for _ in range(32)]
+        reserved = torch.neuron.memory_reserved()
+        first = blocks[0].data_ptr()
+        print(reserved, all(b.data_ptr() - first == i * 64 * KiB for i, b in enumerate(blocks)))
+        del blocks[:8]  # four wait in the 64 KiB bin (it holds four), four merge into 256 KiB
+        big = torch.empty(512 * KiB, dtype=torch.uint8, device="neuron")  # fits only all eight
+        print(big.data_ptr() == first, torch.neuron.memory_reserved() == reserved)
+        """,
+        env={"NEURON_LAB_MODE": "blocking"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"{2 * MiB} True", "True True"]
+
+
 def test_random_allocations_never_overlap_and_all_merge_back() -> None:
     # Thousands of allocations and frees of random sizes in both pools: live blocks never
     # share a byte, the statistics add up at every step, and once everything is freed each

@@ -8,7 +8,13 @@
 // taken (best fit; of equal fits, the one freed last) and split when enough
 // remains; a freed block merges with its free neighbours, so a tensor that grows
 // a little every step (a KV cache) reuses the memory its predecessors freed
-// instead of touching new pages. Free blocks stay cached (reserved); whole free
+// instead of touching new pages. One exception to merging at once: a freed block of
+// up to 64 KiB waits, unmerged, in a bin of its exact size (like glibc's tcache), for
+// the next request of that size: a decode step frees and asks for the same few small
+// sizes op after op, and a bin serves them without the free-block tree. Bins are
+// emptied (their blocks merged as any freed block) before a new segment would be
+// reserved, before statistics or a snapshot are read, and before empty_cache(), so no
+// memory is reserved and no figure differs because of them. Free blocks stay cached (reserved); whole free
 // segments go back to the host on empty_cache() or when a request does not fit,
 // which is retried once before
 // torch.OutOfMemoryError is raised. Statistics follow CUDA's caching allocator
@@ -57,7 +63,8 @@ struct Segment {
 };
 
 // A piece of a segment, allocated to a tensor or free. The blocks of a segment form
-// a list in address order; a free block never has a free neighbour (they merge).
+// a list in address order; a free block never has a free neighbour (they merge), but for
+// blocks waiting in a quick bin (QuickBins).
 struct Block {
   void* ptr;
   size_t size;            // bytes, a multiple of 512
@@ -65,6 +72,7 @@ struct Block {
   c10::DeviceIndex device;
   Segment* segment;
   bool allocated = false;
+  bool binned = false;       // free, waiting unmerged in a quick bin (QuickBins)
   c10::StreamId stream = 0;  // stream current when it was allocated
   Frames frames;             // where it was allocated (memory history only)
   Block* prev = nullptr;
@@ -87,10 +95,44 @@ struct BySizeThenRecency {
 };
 using FreeBlocks = std::set<Block*, BySizeThenRecency>;
 
+// Freed small blocks by exact size, most recent last, held back from merging until a
+// request of their size takes them or the bins are emptied (see the top of the file).
+// At most kDepth blocks a size and kMaxBytes a block: under 17 MiB held in the worst case,
+// and never any new memory reserved for it.
+struct QuickBins {
+  static constexpr size_t kMaxBytes = size_t(64) << 10;
+  static constexpr size_t kSizes = kMaxBytes / kGranularity;
+  static constexpr size_t kDepth = 4;
+  std::array<std::array<Block*, kDepth>, kSizes> blocks{};
+  std::array<uint8_t, kSizes> count{};
+  size_t held = 0;
+
+  static size_t bin_of(size_t size) { return size / kGranularity - 1; }  // size: a multiple of 512
+  bool push(Block* block) {
+    if (block->size > kMaxBytes || !block->segment->small) return false;
+    const size_t bin = bin_of(block->size);
+    if (count[bin] == kDepth) return false;
+    blocks[bin][count[bin]++] = block;
+    block->binned = true;
+    ++held;
+    return true;
+  }
+  Block* pop(size_t size) {
+    if (held == 0 || size > kMaxBytes) return nullptr;
+    const size_t bin = bin_of(size);
+    if (count[bin] == 0) return nullptr;
+    Block* block = blocks[bin][--count[bin]];
+    block->binned = false;
+    --held;
+    return block;
+  }
+};
+
 struct Core {
   std::mutex mutex;
   DeviceStats stats;
   FreeBlocks free_small, free_large;
+  QuickBins quick;
   std::map<void*, Segment*> segments;  // by address, for snapshots
   std::deque<TraceEntry> trace;        // memory history (when recording)
 
@@ -269,6 +311,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     }
     auto& core = core_for(device);
     std::lock_guard<std::mutex> lock(core.mutex);
+    empty_quick_bins(core);  // inactive_split counts blocks as they are once merged
     return core.stats;
   }
 
@@ -356,8 +399,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
 
-    Block* block = take_free_block(core, small, size);
-    if (block == nullptr) block = new_segment(core, device, size, small, nbytes, stream, frames);
+    Block* block = core.quick.pop(size);
+    if (block != nullptr) {
+      count_inactive_split(core, block, -1);
+    } else {
+      block = take_free_block(core, small, size);
+      if (block == nullptr && empty_quick_bins(core)) block = take_free_block(core, small, size);
+      if (block == nullptr) block = new_segment(core, device, size, small, nbytes, stream, frames);
+    }
     if (worth_splitting(block, size)) {
       auto* rest = core.make_block(static_cast<char*>(block->ptr) + size, block->size - size, device, block->segment);
       rest->prev = block;
@@ -434,6 +483,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
   // Returns the segments no tensor uses to the host; called with core.mutex held.
   static size_t release_cached(Core& core) {
+    empty_quick_bins(core);
     auto& s = core.stats;
     size_t released = 0;
     for (auto it = core.segments.begin(); it != core.segments.end();) {
@@ -470,15 +520,34 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->allocated = false;
     block->requested = 0;
     block->frames = nullptr;
-    merge_with_free_neighbours(core, block);
+    if (!core.quick.push(block)) merge_with_free_neighbours(core, block);
     count_inactive_split(core, block, +1);
-    core.add_free(block);
+    if (!block->binned) core.add_free(block);
     trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+  }
+
+  // Merges the quick bins' blocks into the free-block tree, as release() merges any freed
+  // block; false if they were empty. Called with core.mutex held.
+  static bool empty_quick_bins(Core& core) {
+    if (core.quick.held == 0) return false;
+    auto& quick = core.quick;
+    for (size_t bin = 0; bin < QuickBins::kSizes; ++bin) {
+      while (quick.count[bin] > 0) {
+        Block* block = quick.blocks[bin][--quick.count[bin]];
+        block->binned = false;
+        --quick.held;
+        count_inactive_split(core, block, -1);
+        merge_with_free_neighbours(core, block);
+        count_inactive_split(core, block, +1);
+        core.add_free(block);
+      }
+    }
+    return true;
   }
 
   // Absorbs the free blocks before and after `block` (freed just now) into it.
   static void merge_with_free_neighbours(Core& core, Block* block) {
-    if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
+    if (Block* prev = block->prev; prev != nullptr && !prev->allocated && !prev->binned) {
       count_inactive_split(core, prev, -1);
       core.remove_free(prev);
       block->ptr = prev->ptr;
@@ -488,7 +557,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       if (block->segment->first == prev) block->segment->first = block;
       core.drop_block(prev);
     }
-    if (Block* next = block->next; next != nullptr && !next->allocated) {
+    if (Block* next = block->next; next != nullptr && !next->allocated && !next->binned) {
       count_inactive_split(core, next, -1);
       core.remove_free(next);
       block->size += next->size;
@@ -506,6 +575,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       auto& core = cores_[d];
       std::lock_guard<std::mutex> lock(core.mutex);
+      empty_quick_bins(core);  // a snapshot shows blocks as they are once merged
       for (const auto& [address, segment] : core.segments) {
         SegmentSnapshot seg{d, reinterpret_cast<int64_t>(address), static_cast<int64_t>(segment->size), 0, 0, 0,
                             segment->stream, segment->small ? "small" : "large", {}};
