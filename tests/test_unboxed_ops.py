@@ -280,6 +280,15 @@ def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None
         views.mul_(2)
     assert torch.equal(results["cat"].cpu()[1:4], torch.cat([a_cpu, a_cpu])[1:4] * 2)
     assert _same_bits(results["add"].cpu(), a_cpu + b_cpu)
+    # An adopted storage is the device's in every way: it grows through the device allocator
+    # keeping its bytes, and its memory goes back to the device when the last tensor goes.
+    grown = results["softmax"].detach().clone() if grad_mode == "grad" else results["softmax"]
+    grown.untyped_storage().resize_(grown.untyped_storage().nbytes() * 2)
+    assert torch.equal(grown.cpu(), a_cpu.softmax(-1))
+    if grad_mode != "grad":
+        del results, views, grown, made_here, r  # r: the loop's last result
+        torch.neuron.synchronize()
+        assert torch.neuron.memory_allocated() == allocated
     if grad_mode == "grad":  # the result takes part in autograd as any neuron tensor does
         w = torch.randn(4, requires_grad=True, device="neuron")
         (results["softmax"] * w).sum().backward()

@@ -761,6 +761,22 @@ c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
                                                             std::move(data), g_allocator, /*resizable=*/true));
 }
 
+bool adopt_host_storage_in_place(c10::StorageImpl& impl, c10::DeviceIndex device) {
+  if (impl.data_ptr().get_deleter() != &free_device_or_host) return false;
+  Block* block = take_host_block(impl.data_ptr().get());
+  if (block == nullptr) return false;  // host memory freed through the raw deleter
+  if (block->device != device) {
+    std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
+    host_blocks().emplace(block->ptr, block);  // still lent to the host, as before
+    return false;
+  }
+  // The old DataPtr's deleter must not run: the block is the new one's.
+  impl.set_data_ptr(c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, device)))
+      .release_context();
+  impl.set_allocator(g_allocator);
+  return true;
+}
+
 void set_stack_capturer(StackCapturer capturer) { g_capturer = capturer; }
 
 bool recording_memory_history() { return g_history.load(std::memory_order_relaxed); }

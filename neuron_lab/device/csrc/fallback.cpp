@@ -171,10 +171,17 @@ at::Tensor HostResults::adopt(at::Tensor&& cpu_tensor) {
   if (!only_ours || !adoptable(cpu_tensor) || !has_plain_cpu_keys(*impl) || input_viewed_by(cpu_tensor) != nullptr) {
     return adopt(static_cast<const at::Tensor&>(cpu_tensor));
   }
-  const c10::Storage* storage = adopted_storage(cpu_tensor);
-  if (storage == nullptr) return to_device(cpu_tensor, device_);
-  impl->set_storage_keep_dtype(c10::Storage(*storage));  // also makes the tensor's device the storage's
-  impl->_change_backend_component_keys(storage->device());
+  // A storage only this result holds turns into the neuron storage itself (no new
+  // StorageImpl a result); shared ones are adopted once for all their tensors.
+  c10::Storage storage = impl->storage();
+  if (storage.use_count() != 2 || !adopt_host_storage_in_place(*storage.unsafeGetStorageImpl(), device_)) {
+    const c10::Storage* adopted = adopted_storage(cpu_tensor);
+    if (adopted == nullptr) return to_device(cpu_tensor, device_);
+    storage = *adopted;
+  }
+  const c10::Device device = storage.device();
+  impl->set_storage_keep_dtype(std::move(storage));  // also makes the tensor's device the storage's
+  impl->_change_backend_component_keys(device);
   return std::move(cpu_tensor);
 }
 

@@ -284,6 +284,10 @@ c10::DeviceIndex host_allocations_device();
 // new neuron storage (the CPU storage is left empty); an undefined Storage when the
 // memory came from anywhere else.
 c10::Storage adopt_host_storage(const c10::Storage& host_storage);
+// The same without a new storage: a CPU storage only its tensor holds, over device memory
+// of `device`, becomes that memory's neuron storage itself (its DataPtr and allocator are
+// the device's from then on). False, and nothing changed, where it cannot.
+bool adopt_host_storage_in_place(c10::StorageImpl& host_storage, c10::DeviceIndex device);
 // Turns a host kernel's results into neuron tensors without copies where it can:
 // a result over device memory (allocated under HostAllocationsOnDevice) keeps it,
 // views of one result stay views of one neuron storage, and a result that views an
