@@ -255,6 +255,42 @@ def test_host_aliases_reused_across_ops_follow_every_change_of_their_tensor() ->
         assert _same_bits(g.cpu(), w), i
 
 
+def recycled_count() -> int:
+    return device_counters()["aliases_recycled"]
+
+
+def test_recycled_host_aliases_take_each_new_tensors_dtype_shape_and_bits() -> None:
+    """A miss in the alias cache re-points the slot's old alias at the new tensor instead of
+    making one (unboxed_ops.cpp's AliasCache, fallback.cpp's realias). A chain whose fresh
+    results change dtype, shape, strides, storage offset and conj bit op after op must give
+    the CPU's bits; an alias a kernel still holds, or one an out= kernel resized into memory
+    of its own, must not be re-pointed under it."""
+
+    def program(x: torch.Tensor) -> list[torch.Tensor]:
+        seen = []
+        for i in range(40):
+            scaled = x.exp() * (i % 3 + 1)  # float, fresh every step
+            ints = (scaled > 1).to(torch.int64).cumsum(0)  # int64
+            wide = scaled.t().double().sqrt()  # double, transposed strides
+            strided = torch.cat([scaled, scaled])[1::2, 1:]  # storage offset, step
+            conj = torch.complex(scaled, -scaled).conj().exp()  # conj bit, complex
+            out = torch.empty(0, device=x.device)
+            torch.exp(strided, out=out)  # resized into new memory by the kernel
+            x = (scaled.log() + strided.sum() * 1e-3).tanh()
+            seen += [ints, wide, torch.view_as_real(conj.resolve_conj()), out, x]
+        return seen
+
+    start = torch.randn(6, 5)
+    want = program(start.clone())
+    with neuron_lab.mode("blocking"):
+        recycled = recycled_count()
+        got = program(start.to("neuron"))
+        assert recycled_count() - recycled > 100
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, i
+        assert _same_bits(g.cpu(), w), i
+
+
 @pytest.mark.parametrize("grad_mode", ["grad", "no_grad", "inference_mode"])
 def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None:
     """A kernel's fresh result becomes the neuron tensor itself (its TensorImpl takes the device

@@ -103,6 +103,7 @@ def device_counters() -> dict[str, int]:
     ``device_to_device_bytes`` (copies), ``fallback_ops`` (ops run by the CPU fallback),
     ``unboxed_ops`` (of those, the hot ops that skipped boxing their arguments), ``output_copies``,
     ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state twist at a time: ATen's
-    draws, faster) and ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
-    its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``)."""
+    draws, faster), ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
+    its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``) and ``aliases_recycled``
+    (host aliases of the unboxed path re-pointed at a new tensor instead of made anew)."""
     return dict(_C.counters())

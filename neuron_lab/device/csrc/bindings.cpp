@@ -203,6 +203,7 @@ PYBIND11_MODULE(_C, m) {
     d["device_to_device_bytes"] = c.device_to_device_bytes.load();
     d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
     d["host_kernel_ops"] = c.host_kernel_ops.load();
+    d["aliases_recycled"] = c.aliases_recycled.load();
     return d;
   });
 }

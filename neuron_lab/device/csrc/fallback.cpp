@@ -29,10 +29,19 @@ OpCounters& op_counters() {
 
 namespace {
 
-// A CPU storage over the bytes of a neuron storage. Resizable with the CPU
-// allocator so that out= kernels may resize their output; the fallback then
-// moves the new bytes into device memory.
-c10::Storage host_storage_of(const c10::Storage& storage) {
+// A dense CPU tensor's keys and nothing else (no sparse, quantized, mkldnn or Python keys):
+// swapping the backend bit gives what a neuron tensor made here would have.
+bool has_plain_cpu_keys(const c10::TensorImpl& impl) {
+  constexpr auto kBackend = c10::BackendComponent::CPUBit;
+  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::CPU) |
+                                           c10::getAutogradRelatedKeySetFromBackend(kBackend) |
+                                           c10::getAutocastRelatedKeySetFromBackend(kBackend);
+  const c10::DispatchKeySet keys = impl.key_set();
+  return keys.has(c10::DispatchKey::CPU) && (keys & plain) == keys;
+}
+
+// The bytes of a neuron storage, for a host alias: given memory first if pending.
+void* host_bytes_of(const c10::Storage& storage) {
   // FakeTensors and meta tensors (torch.compile tracing) and wrapper subclasses have
   // no device memory: aliasing them would let a kernel read arbitrary host memory.
   TORCH_CHECK(storage.device_type() == kNeuron && (storage.data() != nullptr || storage.nbytes() == 0),
@@ -40,7 +49,14 @@ c10::Storage host_storage_of(const c10::Storage& storage) {
               storage.device(), "), e.g. a FakeTensor while torch.compile traces. The op needs a meta "
               "(fake) implementation for tracing; please report the op.");
   materialize(storage);  // a pending result gets its memory before anyone touches it
-  void* data = const_cast<void*>(storage.data());
+  return const_cast<void*>(storage.data());
+}
+
+// A CPU storage over the bytes of a neuron storage. Resizable with the CPU
+// allocator so that out= kernels may resize their output; the fallback then
+// moves the new bytes into device memory.
+c10::Storage host_storage_of(const c10::Storage& storage) {
+  void* data = host_bytes_of(storage);
   return c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
                       c10::DataPtr(data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(), true);
 }
@@ -58,6 +74,32 @@ at::Tensor host_alias_sharing(const at::Tensor& t, c10::Storage host_storage) {
 }
 
 at::Tensor host_alias(const at::Tensor& t) { return host_alias_sharing(t, host_storage_of(t.storage())); }
+
+bool realias(at::Tensor& alias, const at::Tensor& t) {
+  c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
+  const c10::Storage& storage = impl->unsafe_storage();
+  // Only a plain CPU tensor over a plain CPU storage that nothing but `alias` holds: no
+  // Python object, weak reference, autograd metadata or view of it can see the change (an
+  // alias never reaches Python, so nothing can hold a weak reference to its storage).
+  const bool only_ours = alias.use_count() == 1 && alias.weak_use_count() == 1 && storage &&
+                         storage.use_count() == 1;
+  if (!only_ours || !has_plain_cpu_keys(*impl) || impl->autograd_meta() != nullptr || impl->is_wrapped_number() ||
+      storage.device_type() != c10::kCPU || !storage.resizable()) {
+    return false;
+  }
+  auto* bytes = storage.unsafeGetStorageImpl();
+  // The old DataPtr is the alias's own view of other bytes, or memory an out= kernel
+  // resized it into (the fallback copied it back already): either way it may go.
+  bytes->set_data_ptr_noswap(c10::DataPtr(host_bytes_of(t.storage()), c10::Device(c10::kCPU)));
+  bytes->set_nbytes(t.storage().nbytes());
+  bytes->set_allocator(c10::GetCPUAllocator());
+  impl->set_storage_and_dtype(c10::Storage(storage), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
+  op_counters().aliases_recycled.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 
 at::Tensor host_view(const at::Tensor& t) {
   return t.defined() && t.device().type() == kNeuron ? host_alias(t) : t;
@@ -119,16 +161,6 @@ bool adoptable(const at::Tensor& cpu_tensor) {
          !cpu_tensor.is_conj() && !cpu_tensor.is_neg();
 }
 
-// A dense CPU tensor's keys and nothing else (no sparse, quantized, mkldnn or Python keys):
-// swapping the backend bit gives what a neuron tensor made here would have.
-bool has_plain_cpu_keys(const c10::TensorImpl& impl) {
-  constexpr auto kBackend = c10::BackendComponent::CPUBit;
-  static const c10::DispatchKeySet plain = c10::DispatchKeySet(c10::DispatchKey::CPU) |
-                                           c10::getAutogradRelatedKeySetFromBackend(kBackend) |
-                                           c10::getAutocastRelatedKeySetFromBackend(kBackend);
-  const c10::DispatchKeySet keys = impl.key_set();
-  return keys.has(c10::DispatchKey::CPU) && (keys & plain) == keys;
-}
 
 }  // namespace
 

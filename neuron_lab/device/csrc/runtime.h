@@ -238,6 +238,10 @@ int64_t draw_span(const std::vector<c10::Argument>& schema, const c10::IValue* a
 // ---- tensors (fallback.cpp) ------------------------------------------------
 // A CPU tensor viewing the same host memory as a neuron tensor (no copy).
 at::Tensor host_alias(const at::Tensor& neuron_tensor);
+// Makes `alias`, a host alias nothing else holds, an alias of `neuron_tensor` instead (its
+// bytes, dtype, shape and strides) without allocating; false, and nothing changed, where
+// something else could see the change.
+bool realias(at::Tensor& alias, const at::Tensor& neuron_tensor);
 // host_alias for neuron tensors; CPU and undefined tensors pass through as they are.
 at::Tensor host_view(const at::Tensor& t);
 // The same, over a given host storage: aliases of one neuron storage must share
@@ -326,6 +330,7 @@ struct OpCounters {
   std::atomic<uint64_t> device_to_device_bytes{0};
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
   std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp)
+  std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
 };
 OpCounters& op_counters();
 

