@@ -161,7 +161,6 @@ bool adoptable(const at::Tensor& cpu_tensor) {
          !cpu_tensor.is_conj() && !cpu_tensor.is_neg();
 }
 
-
 }  // namespace
 
 const at::Tensor* HostResults::input_viewed_by(const at::Tensor& cpu_tensor) const {
