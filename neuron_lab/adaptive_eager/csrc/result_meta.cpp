@@ -264,15 +264,8 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
   if (cacheable) {
     if (auto known = meta_cache().find(key)) return known;
   }
-  if (cls.shape_rule != nullptr) {
-    if (auto ruled = cls.shape_rule(args, n)) {
-      counters().metas_computed.fetch_add(1, std::memory_order_relaxed);
-      auto result = std::make_shared<const MetaResult>(std::move(*ruled));
-      if (cacheable) meta_cache().remember(key, result);
-      return result;
-    }
-  }
-  if (cacheable && !python_metas_loaded() && meta_kernel_is_torch_python(op)) {
+  std::optional<MetaResult> ruled = cls.shape_rule != nullptr ? cls.shape_rule(args, n) : std::nullopt;
+  if (!ruled && cacheable && !python_metas_loaded() && meta_kernel_is_torch_python(op)) {
     Lesson lesson{key, &op.schema(), {}};
     for (size_t i = 0; i < n; ++i) {
       if (cls.write_arg[i] && args[i].isTensor() && args[i].toTensor().defined()) {
@@ -285,7 +278,7 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
     return unknown;
   }
   counters().metas_computed.fetch_add(1, std::memory_order_relaxed);
-  auto computed = std::make_shared<const MetaResult>(compute_meta(op, cls, args, n));
+  auto computed = std::make_shared<const MetaResult>(ruled ? std::move(*ruled) : compute_meta(op, cls, args, n));
   if (cacheable) meta_cache().remember(key, computed);
   return computed;
 }

@@ -9,7 +9,10 @@
 // declines (std::nullopt), and the meta kernel decides as before.
 #include "adaptive_eager.h"
 
+#include <c10/util/strides.h>
+
 #include <string_view>
+#include <utility>
 
 namespace neuron::lazy {
 
@@ -17,19 +20,9 @@ namespace {
 
 using Sizes = std::vector<int64_t>;
 
-std::vector<int64_t> contiguous_strides(const Sizes& sizes) {
-  std::vector<int64_t> strides(sizes.size());
-  int64_t stride = 1;
-  for (size_t i = sizes.size(); i-- > 0;) {
-    strides[i] = stride;
-    stride *= std::max<int64_t>(sizes[i], 1);
-  }
-  return strides;
-}
-
 TensorMeta contiguous(Sizes sizes, c10::ScalarType dtype) {
-  auto strides = contiguous_strides(sizes);
-  return {std::move(sizes), std::move(strides), dtype};
+  const auto strides = c10::contiguous_strides(sizes);  // ATen's, size-0 dims included
+  return {std::move(sizes), Sizes(strides.begin(), strides.end()), dtype};
 }
 
 const at::Tensor* tensor_arg(const c10::IValue* args, size_t n, size_t i) {
@@ -110,11 +103,10 @@ std::optional<MetaResult> flash_attention_cpu(const c10::IValue* args, size_t n)
   if (k->size(3) != q->size(3) || v->size(3) != q->size(3)) return run_inline();
   if (!q->is_non_overlapping_and_dense() || q->numel() == 0 || k->numel() == 0) return std::nullopt;
   const int64_t batch = q->size(0), heads = q->size(1), length = q->size(2);
-  const bool reduced = at::isReducedFloatingType(q->scalar_type());
-  const int64_t heads_stride = std::max<int64_t>(heads, 1);  // ATen's contiguous strides
-  TensorMeta logsumexp{{batch, heads, length},
-                       {heads_stride * std::max<int64_t>(length, 1), 1, heads_stride},
-                       reduced ? at::kFloat : q->scalar_type()};
+  const auto dtype = at::isReducedFloatingType(q->scalar_type()) ? at::kFloat : q->scalar_type();
+  TensorMeta logsumexp = contiguous({batch, length, heads}, dtype);
+  std::swap(logsumexp.sizes[1], logsumexp.sizes[2]);  // .transpose(1, 2)
+  std::swap(logsumexp.strides[1], logsumexp.strides[2]);
   return single({{q->sizes().vec(), q->strides().vec(), q->scalar_type()}, std::move(logsumexp)});
 }
 
