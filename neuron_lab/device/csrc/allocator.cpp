@@ -117,9 +117,8 @@ struct QuickBins {
     ++held;
     return true;
   }
-  Block* pop(size_t size) {
-    if (held == 0 || size > kMaxBytes) return nullptr;
-    const size_t bin = bin_of(size);
+  Block* pop(size_t size) { return held == 0 || size > kMaxBytes ? nullptr : pop_from(bin_of(size)); }
+  Block* pop_from(size_t bin) {
     if (count[bin] == 0) return nullptr;
     Block* block = blocks[bin][--count[bin]];
     block->binned = false;
@@ -262,7 +261,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // Device memory of a given core, whatever the thread's current device.
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes) {
     Block* block = acquire(device, nbytes);
-    return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, device));
+    return owning_data_ptr(block);
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -520,9 +519,11 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->allocated = false;
     block->requested = 0;
     block->frames = nullptr;
-    if (!core.quick.push(block)) merge_with_free_neighbours(core, block);
-    count_inactive_split(core, block, +1);
-    if (!block->binned) core.add_free(block);
+    if (core.quick.push(block)) {
+      count_inactive_split(core, block, +1);
+    } else {
+      free_into_tree(core, block);
+    }
     trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
   }
 
@@ -530,19 +531,20 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // block; false if they were empty. Called with core.mutex held.
   static bool empty_quick_bins(Core& core) {
     if (core.quick.held == 0) return false;
-    auto& quick = core.quick;
     for (size_t bin = 0; bin < QuickBins::kSizes; ++bin) {
-      while (quick.count[bin] > 0) {
-        Block* block = quick.blocks[bin][--quick.count[bin]];
-        block->binned = false;
-        --quick.held;
+      while (Block* block = core.quick.pop_from(bin)) {
         count_inactive_split(core, block, -1);
-        merge_with_free_neighbours(core, block);
-        count_inactive_split(core, block, +1);
-        core.add_free(block);
+        free_into_tree(core, block);
       }
     }
     return true;
+  }
+
+  // A free block into the free-block tree, merged with its free neighbours first.
+  static void free_into_tree(Core& core, Block* block) {
+    merge_with_free_neighbours(core, block);
+    count_inactive_split(core, block, +1);
+    core.add_free(block);
   }
 
   // Absorbs the free blocks before and after `block` (freed just now) into it.
@@ -569,6 +571,10 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
  public:
   static void release_context(void* context);
+  // The device DataPtr that owns `block`: freeing it gives the block back.
+  static c10::DataPtr owning_data_ptr(Block* block) {
+    return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, block->device));
+  }
 
   MemorySnapshot snapshot() {
     MemorySnapshot snap;
@@ -756,7 +762,7 @@ c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
   const size_t nbytes = impl->nbytes();
   impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();  // now the block's owner
   impl->set_nbytes(0);  // the CPU storage keeps no view of memory it no longer owns
-  c10::DataPtr data(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, block->device));
+  c10::DataPtr data = NeuronAllocator::owning_data_ptr(block);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                             std::move(data), g_allocator, /*resizable=*/true));
 }
@@ -771,8 +777,7 @@ bool adopt_host_storage_in_place(c10::StorageImpl& impl, c10::DeviceIndex device
     return false;
   }
   // The old DataPtr's deleter must not run: the block is the new one's.
-  impl.set_data_ptr(c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, device)))
-      .release_context();
+  impl.set_data_ptr(NeuronAllocator::owning_data_ptr(block)).release_context();
   impl.set_allocator(g_allocator);
   return true;
 }
