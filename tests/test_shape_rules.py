@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import run_python
 from neuron_lab import adaptive_eager as ae
 
 # Where torch's Python meta kernels and the decompositions they call live.
@@ -219,3 +220,35 @@ def test_calls_aten_rejects_raise_its_error_at_the_op(case: str) -> None:
         on_neuron(make)  # at the op, not at a later wait
     torch.neuron.synchronize()  # nothing left to raise
     assert before.sum().item() == 6.0
+
+
+def test_empty_attention_that_would_end_the_process_raises_in_every_mode() -> None:
+    """ATen's CPU flash-attention kernel divides by zero (SIGFPE, on the CPU device too) on an
+    empty query or key length or zero heads. On the neuron device a direct call raises a
+    clear error in every mode instead, and the process and runtime go on; the public
+    F.scaled_dot_product_attention takes the same shapes. A fresh process: a crash fails the
+    test instead of ending the run."""
+    result = run_python(
+        """
+        import torch, torch.nn.functional as F
+        import neuron_lab
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        shapes = [((1, 2, 0, 8), (1, 2, 5, 8)), ((1, 2, 3, 8), (1, 2, 0, 8)), ((1, 0, 3, 8), (1, 0, 5, 8))]
+        for mode in ("adaptive", "eager", "blocking"):
+            with neuron_lab.mode(mode):
+                for q_shape, k_shape in shapes:
+                    q, k = torch.randn(q_shape, device="neuron"), torch.randn(k_shape, device="neuron")
+                    try:
+                        flash(q, k, k)
+                        torch.neuron.synchronize()
+                        print("no error", mode, q_shape)
+                    except RuntimeError as error:
+                        assert "divides by zero" in str(error) and "scaled_dot_product_attention" in str(error)
+                    out = F.scaled_dot_product_attention(q, k, k)
+                    want = F.scaled_dot_product_attention(q.cpu(), k.cpu(), k.cpu())
+                    assert torch.equal(out.cpu(), want), (mode, q_shape)
+        print("ok", (torch.ones(3, device="neuron") * 2).sum().item())
+        """
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok", "6.0"], result.stdout

@@ -391,12 +391,36 @@ struct ToFallback {
   }
 };
 
+// Inputs on which an op's CPU kernel would end the process instead of raising: rejected
+// with an error before the op is recorded or run. Nothing to check for most ops.
+template <class Op>
+struct InputCheck {
+  template <class... A>
+  static void check(const A&...) {}
+};
+
+// ATen's CPU flash-attention kernel divides by zero (SIGFPE) on an empty query or key length
+// or zero heads; F.scaled_dot_product_attention never sends such shapes to it (its math path
+// takes them), but a direct call of the op would.
+template <>
+struct InputCheck<at::_ops::_scaled_dot_product_flash_attention_for_cpu> {
+  template <class... Rest>
+  static void check(const at::Tensor& q, const at::Tensor& k, const Rest&...) {
+    if (q.dim() != 4 || k.dim() != 4) return;  // the kernel's own check raises
+    TORCH_CHECK(q.size(1) > 0 && q.size(2) > 0 && k.size(2) > 0,
+                "neuron: _scaled_dot_product_flash_attention_for_cpu got query ", q.sizes(), " and key ", k.sizes(),
+                ": an empty query or key length, or no heads, on which ATen's CPU kernel divides by zero and ends "
+                "the process. Call torch.nn.functional.scaled_dot_product_attention, which takes these shapes.");
+  }
+};
+
 template <class Op, class Otherwise = ToFallback<Op>, class Schema = typename Op::schema>
 struct Unboxed;
 
 template <class Op, class Otherwise, class R, class... A>
 struct Unboxed<Op, Otherwise, R(A...)> {
   static R call(A... args) {
+    InputCheck<Op>::check(args...);
     CallTensors tensors;
     (collect(tensors, args), ...);
     if (!tensors.unboxable || tensors.all.empty() || !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
