@@ -449,3 +449,261 @@ def test_cat_block_copy_runs_where_it_applies_and_only_there():
         assert runs(lambda: torch.cat([cache, token], -2)) == 1
         assert runs(lambda: torch.cat([cache.transpose(2, 3), token.transpose(2, 3)], -1)) == 0
         assert runs(lambda: torch.cat([cache, token.double()], -2)) == 0
+
+
+# ---- addmm and mm as ATen's BLAS call (blas_matmul.cpp) -------------------------------------
+
+# (rows, inner, cols): a decoding step's token against a weight, small batches, and the
+# single rows and columns where ATen's choice of transposes and leading dimensions turns.
+MATMUL_SHAPES = [(1, 32, 96), (1, 64, 1), (3, 1, 5), (7, 100, 129), (33, 5, 3), (2, 64, 64)]
+
+
+def matmul_operands(rows, inner, cols, dtype, layouts, g):
+    """mat1 and mat2 row-major ('c') or as the transpose of a row-major tensor ('t')."""
+    mat1 = torch.randn(rows, inner, generator=g, dtype=dtype)
+    mat2 = torch.randn(inner, cols, generator=g, dtype=dtype)
+    if layouts[0] == "t":
+        mat1 = mat1.t().contiguous().t()
+    if layouts[1] == "t":
+        mat2 = mat2.t().contiguous().t()
+    return mat1, mat2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_matmul_equals_the_cpu_bit_for_bit(mode, dtype):
+    """MKL's results depend on the transposes and leading dimensions of the call (a
+    transposed copy of the same weight gives other bits): every layout must make ATen's call."""
+    g = torch.Generator().manual_seed(11)
+    for rows, inner, cols in MATMUL_SHAPES:
+        for layouts in ["cc", "ct", "tc", "tt"]:
+            mat1, mat2 = matmul_operands(rows, inner, cols, dtype, layouts, g)
+            biases = [torch.randn(cols, generator=g, dtype=dtype), torch.randn(rows, 1, generator=g, dtype=dtype)]
+            biases.append(torch.randn(cols, rows, generator=g, dtype=dtype).t())  # strided [rows, cols]
+            calls = [("mm", lambda a, b, bias: torch.mm(a, b), None)]
+            for bias in biases:
+                for beta, alpha in [(1, 1), (0.5, -2), (0, 1)]:
+                    calls.append(
+                        ("addmm", lambda a, b, bias, beta=beta, alpha=alpha: torch.addmm(bias, a, b, beta=beta, alpha=alpha), bias)
+                    )
+            for name, fn, bias in calls:
+                expected = fn(mat1, mat2, bias)
+                for _ in range(3):  # at once or recorded, then replayed
+                    on_device = None if bias is None else bias.to("neuron")
+                    got = fn(mat1.to("neuron"), mat2.to("neuron"), on_device).cpu()
+                    assert got.shape == expected.shape and got.stride() == expected.stride(), (name, rows, inner, cols)
+                    assert torch.equal(bits(got), bits(expected)), (name, rows, inner, cols, layouts, dtype)
+
+
+def test_linear_layers_equal_the_cpu_bit_for_bit(mode):
+    """nn.Linear (weight transposed) and GPT-2's Conv1D (addmm of a [in, out] weight) on a
+    token, a batch of tokens and a 3-d input."""
+    g = torch.Generator().manual_seed(12)
+    linear = torch.nn.Linear(32, 96)
+    weight, bias = torch.randn(32, 96, generator=g), torch.randn(96, generator=g)
+    for x in [torch.randn(1, 32, generator=g), torch.randn(5, 32, generator=g), torch.randn(2, 3, 32, generator=g)]:
+        expected = [linear(x), torch.addmm(bias, x.view(-1, 32), weight), F.linear(x, linear.weight)]
+        moved = linear.to("neuron")
+        xd = x.to("neuron")
+        got = [moved(xd), torch.addmm(bias.to("neuron"), xd.view(-1, 32), weight.to("neuron")), F.linear(xd, moved.weight)]
+        linear.to("cpu")
+        for e, r in zip(expected, got):
+            assert torch.equal(bits(r.detach().cpu()), bits(e.detach())), tuple(x.shape)
+
+
+def test_matmul_inputs_the_blas_path_declines_still_equal_the_cpu(mode):
+    """Reduced precision, integers, complex numbers, strides BLAS does not take (ATen copies
+    first), empty products, another precision setting for float matmuls: ATen's kernel, with
+    ATen's results and errors."""
+    g = torch.Generator().manual_seed(13)
+    a, b, bias = torch.randn(4, 6, generator=g), torch.randn(6, 5, generator=g), torch.randn(5, generator=g)
+    cases = [
+        lambda a, b, bias: a.half() @ b.half(),
+        lambda a, b, bias: torch.addmm(bias.bfloat16(), a.bfloat16(), b.bfloat16()),
+        lambda a, b, bias: (a * 10).long() @ (b * 10).long(),
+        lambda a, b, bias: torch.complex(a, a) @ torch.complex(b, b),
+        lambda a, b, bias: a[:, ::2] @ b[::2],  # strided: ATen copies mat1 first
+        lambda a, b, bias: torch.addmm(bias, a[:, :0], b[:0]),  # an empty product: the bias scaled
+        lambda a, b, bias: torch.addmm(bias, a[:0], b),
+        lambda a, b, bias: torch.addmm(bias, a, b, beta=1.5, alpha=True),
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(a, b, bias)
+        got = fn(a.to("neuron"), b.to("neuron"), bias.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.shape == expected.shape, i
+        assert torch.equal(bits(got.resolve_conj()), bits(expected.resolve_conj())), i
+    ad, bd = a.to("neuron"), b.to("neuron")
+    # Eager mode records an op and raises its error when its launch runs: read the result.
+    with pytest.raises(RuntimeError, match="same dtype"):
+        (ad @ bd.double()).cpu()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        (ad @ ad).cpu()
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.addmm(bias.to("neuron"), ad, bd, alpha=1e300).cpu()
+    torch.testing.assert_close((ad @ bd).cpu(), a @ b, rtol=0, atol=0)  # the runtime goes on
+
+
+def test_matmul_under_reduced_float32_precision_equals_the_cpu():
+    """With oneDNN allowed bf16 for float matmuls, ATen may leave BLAS: the device follows."""
+    g = torch.Generator().manual_seed(14)
+    a, b = torch.randn(8, 64, generator=g), torch.randn(64, 32, generator=g)
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    try:
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        with neuron_lab.mode("blocking"):
+            kernels = trace.device_counters()["host_kernel_ops"]
+            got = (a.to("neuron") @ b.to("neuron")).cpu()
+            assert trace.device_counters()["host_kernel_ops"] == kernels
+        assert torch.equal(bits(got), bits(a @ b))
+    finally:
+        torch.backends.mkldnn.matmul.fp32_precision = before
+
+
+def test_matmul_blas_path_runs_where_it_applies_and_only_there():
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    x, w, bias = torch.randn(1, 32, device="neuron"), torch.randn(96, 32, device="neuron"), torch.randn(96, device="neuron")
+    xd, wd, xh, wh = x.double(), w.double(), x.half(), w.half()
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: F.linear(x, w, bias)) == 1
+        assert runs(lambda: x @ w.t()) == 1
+        assert runs(lambda: torch.addmm(bias, x, w.t(), beta=0)) == 1
+        assert runs(lambda: xd @ wd.t()) == 1
+        assert runs(lambda: x[:, ::2] @ w.t()[::2]) == 0
+        assert runs(lambda: xh @ wh.t()) == 0
+
+
+# ---- layer norm by ATen's kernel below its wrapper (layer_norm_direct.cpp) ------------------
+
+LAYER_NORM_CASES = [
+    ((1, 1, 32), (32,)),  # one token
+    ((2, 7, 48), (48,)),
+    ((3, 4, 5), (4, 5)),  # two normalized dims
+    ((6,), (6,)),  # the whole tensor
+    ((5, 1000), (1000,)),  # rows past a vector's width, with a tail
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_equals_the_cpu_bit_for_bit(mode, dtype):
+    g = torch.Generator().manual_seed(15)
+    for shape, normalized in LAYER_NORM_CASES:
+        x = torch.randn(shape, generator=g, dtype=dtype) * 3 + 1
+        weight = torch.randn(normalized, generator=g, dtype=dtype)
+        bias = torch.randn(normalized, generator=g, dtype=dtype)
+        for w, b in [(weight, bias), (weight, None), (None, None)]:
+            expected = torch.native_layer_norm(x, normalized, w, b, 1e-5)
+            for _ in range(3):  # at once or recorded, then replayed
+                on = [None if t is None else t.to("neuron") for t in (w, b)]
+                got = [r.cpu() for r in torch.native_layer_norm(x.to("neuron"), normalized, on[0], on[1], 1e-5)]
+                for e, r in zip(expected, got):
+                    assert r.shape == e.shape and r.stride() == e.stride() and r.dtype == e.dtype, (shape, normalized)
+                    assert torch.equal(bits(r), bits(e)), (shape, normalized, w is None, b is None, dtype)
+
+
+def test_layer_norm_inputs_the_direct_kernel_declines_still_equal_the_cpu(mode):
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(4, 6, 8, generator=g)
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    cases = [
+        lambda x, w, b: F.layer_norm(x.transpose(0, 1), (8,), w, b),  # not row-major: ATen copies it
+        lambda x, w, b: F.layer_norm(x.bfloat16(), (8,), w.bfloat16(), b.bfloat16()),
+        lambda x, w, b: F.layer_norm(x.bfloat16(), (8,), w, b),  # mixed dtypes
+        lambda x, w, b: F.layer_norm(x[:, :, ::2], (4,), w[::2], b[::2]),
+        lambda x, w, b: F.layer_norm(x[:0], (8,), w, b),  # empty
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(x, w, b)
+        got = fn(x.to("neuron"), w.to("neuron"), b.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.stride() == expected.stride(), i
+        assert torch.equal(bits(got), bits(expected)), i
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        F.layer_norm(x.to("neuron"), (6,), w.to("neuron"), b.to("neuron")).cpu()
+
+
+def test_layer_norm_direct_kernel_runs_where_it_applies_and_only_there():
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    norm = torch.nn.LayerNorm(32).to("neuron")
+    x = torch.randn(2, 3, 32, device="neuron")
+    token, half = x[:1, :1], x.bfloat16()
+    with neuron_lab.mode("blocking"), torch.no_grad():
+        assert runs(lambda: norm(x)) == 1
+        assert runs(lambda: norm(token)) == 1
+        assert runs(lambda: F.layer_norm(x, (3, 32))) == 1
+        assert runs(lambda: F.layer_norm(half, (32,))) == 0
+        assert runs(lambda: norm(x.transpose(0, 1))) == 0  # ATen copies it first, then its kernel
+
+
+# ---- index_select of contiguous tensors (dense_index_select.cpp) -----------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_index_select_equals_the_cpu_bit_for_bit(mode, dtype):
+    g = torch.Generator().manual_seed(17)
+    table = (torch.randn(50, 8, generator=g) * 100).to(dtype)
+    if dtype.is_floating_point:
+        table[3, 2] = float("nan")
+    cube = (torch.randn(4, 6, 5, generator=g) * 100).to(dtype)
+    cases = [
+        (table, 0, torch.tensor([3, 0, 49, 3])),  # embedding rows, repeated
+        (table, 0, torch.tensor([7], dtype=torch.int32)),
+        (table, 0, torch.tensor(5)),  # a 0-d index
+        (table, 1, torch.tensor([7, 0])),  # columns
+        (table, -1, torch.tensor([1, 1, 1])),
+        (cube, 1, torch.tensor([5, 2])),  # a middle dim
+        (table[:0], 1, torch.tensor([0])),  # empty self
+        (table, 0, torch.tensor([], dtype=torch.long)),  # empty index
+    ]
+    for self, dim, index in cases:
+        expected = torch.index_select(self, dim, index)
+        for _ in range(3):  # at once or recorded, then replayed
+            got = torch.index_select(self.to("neuron"), dim, index.to("neuron")).cpu()
+            assert got.shape == expected.shape and got.stride() == expected.stride(), (tuple(self.shape), dim)
+            assert torch.equal(bits(got) if dtype != torch.bool else got, bits(expected) if dtype != torch.bool else expected)
+
+
+def test_index_select_inputs_the_block_copy_declines_still_equal_the_cpu(mode):
+    g = torch.Generator().manual_seed(18)
+    table = torch.randn(10, 6, generator=g)
+    index = torch.tensor([4, 1])
+    cases = [
+        (table.t(), 0, index),  # not contiguous
+        (table, 0, torch.tensor([0, 2, 4, 6])[::2]),  # a strided index
+        (table, 0, torch.tensor([[1, 2]]).view(-1)),
+        (torch.complex(table, table).conj(), 0, index),
+        (torch.randn(40000, 2, generator=g), 0, torch.arange(39999, -1, -1)),  # past GRAIN_SIZE
+    ]
+    for self, dim, idx in cases:
+        expected = torch.index_select(self, dim, idx)
+        got = torch.index_select(self.to("neuron"), dim, idx.to("neuron")).cpu()
+        assert got.stride() == expected.stride() and torch.equal(got.resolve_conj(), expected.resolve_conj())
+    t = table.to("neuron")
+    with pytest.raises(IndexError, match="out of range"):
+        torch.index_select(t, 0, torch.tensor([10], device="neuron")).cpu()
+    with pytest.raises(IndexError, match="out of range"):
+        torch.index_select(t, 0, torch.tensor([-1], device="neuron")).cpu()
+    with pytest.raises(RuntimeError, match="int32 or int64"):
+        torch.index_select(t, 0, torch.tensor([1.0], device="neuron")).cpu()
+    assert torch.equal(torch.index_select(t, 0, index.to("neuron")).cpu(), table[[4, 1]])  # the runtime goes on
+
+
+def test_index_select_block_copy_runs_where_it_applies_and_only_there():
+    def runs(fn) -> int:
+        before = trace.device_counters()["host_kernel_ops"]
+        fn()
+        torch.neuron.synchronize()
+        return trace.device_counters()["host_kernel_ops"] - before
+
+    embedding = torch.nn.Embedding(100, 32).to("neuron")
+    ids = torch.tensor([[5, 9, 9]], device="neuron")
+    with neuron_lab.mode("blocking"), torch.no_grad():
+        assert runs(lambda: embedding(ids)) == 1
+        assert runs(lambda: torch.index_select(embedding.weight.t(), 1, ids.view(-1))) == 0

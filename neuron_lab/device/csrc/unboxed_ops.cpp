@@ -16,7 +16,10 @@
 // same results either way, since both run the same CPU kernel on the same memory.
 #include "interceptor.h"
 #include "runtime.h"
+#include "blas_matmul.h"
 #include "dense_cat.h"
+#include "dense_index_select.h"
+#include "layer_norm_direct.h"
 #include "small_arith.h"
 
 #include <ATen/EmptyTensor.h>
@@ -314,9 +317,12 @@ struct Results<std::tuple<T...>> {
 
 // Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
 // ATen's for their token-sized operands (no TensorIterator, no host aliases): small add, sub
-// and mul (small_arith.h) and cat of row-major tensors (dense_cat.h). Their result is new
-// device memory, written when the kernel takes the arguments (their memory is ready:
-// begin_unboxed_op made it so); otherwise nullopt, and ATen's kernel runs.
+// and mul (small_arith.h), cat of row-major tensors and index_select of contiguous ones
+// (dense_cat.h, dense_index_select.h), addmm and mm as the BLAS call ATen's kernel makes
+// (blas_matmul.h), and layer norm by ATen's own kernel below its wrapper
+// (layer_norm_direct.h). Their results are new device memory, written when the kernel
+// takes the arguments (their memory is ready: begin_unboxed_op made it so); otherwise
+// nullopt, and ATen's kernel runs.
 template <class Op>
 struct AtOnceKernel {
   static constexpr bool exists = false;
@@ -324,16 +330,24 @@ struct AtOnceKernel {
 
 // A new result on `device`, written by `write` as an op run at once (a launch for the
 // profiler, counted as a host kernel's op).
+at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
+}
+
+void count_host_kernel_op() {
+  op_counters().fallback_ops += 1;
+  op_counters().unboxed_ops += 1;
+  op_counters().host_kernel_ops += 1;
+}
+
 template <class Write>
 at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes, at::ScalarType dtype,
                             Write&& write) {
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   LaunchScope launch(device, name, /*synced=*/true);
-  at::Tensor out = at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
+  at::Tensor out = new_result(sizes, dtype);
   write(out);
-  op_counters().fallback_ops += 1;
-  op_counters().unboxed_ops += 1;
-  op_counters().host_kernel_ops += 1;
+  count_host_kernel_op();
   return out;
 }
 
@@ -368,6 +382,63 @@ struct AtOnceKernel<at::_ops::cat> {
     if (!plan.has_value()) return std::nullopt;
     return write_new_result(device, at::_ops::cat::name, plan->sizes, tensors.front().scalar_type(),
                             [&](const at::Tensor& out) { run_dense_cat(*plan, tensors, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::index_select> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, int64_t dim,
+                                       const at::Tensor& index) {
+    const auto plan = plan_dense_index_select(self, dim, index);
+    if (!plan.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::index_select::name, plan->sizes, self.scalar_type(),
+                            [&](const at::Tensor& out) { run_dense_index_select(*plan, self, index, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::addmm> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& bias, const at::Tensor& mat1,
+                                       const at::Tensor& mat2, const c10::Scalar& beta, const c10::Scalar& alpha) {
+    const auto plan = plan_blas_matmul(&bias, mat1, mat2, beta, alpha);
+    if (!plan.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::addmm::name, plan->sizes, plan->dtype,
+                            [&](const at::Tensor& out) { run_blas_matmul(*plan, &bias, mat1, mat2, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::mm> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& mat1, const at::Tensor& mat2) {
+    const auto plan = plan_blas_matmul(nullptr, mat1, mat2, 0, 1);
+    if (!plan.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::mm::name, plan->sizes, plan->dtype,
+                            [&](const at::Tensor& out) { run_blas_matmul(*plan, nullptr, mat1, mat2, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::native_layer_norm> {
+  static constexpr bool exists = true;
+  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& input,
+                                   c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
+                                   const std::optional<at::Tensor>& bias, double eps) {
+    const auto shape = c10::asIntArrayRefSlowOpt(normalized_shape);
+    if (!shape.has_value()) return std::nullopt;
+    const auto plan = plan_layer_norm(input, *shape, weight, bias);
+    if (!plan.has_value()) return std::nullopt;
+    c10::DeviceGuard guard(c10::Device(kNeuron, device));
+    LaunchScope launch(device, at::_ops::native_layer_norm::name, /*synced=*/true);
+    Result results{new_result(input.sizes(), input.scalar_type()), new_result(plan->statistics, input.scalar_type()),
+                   new_result(plan->statistics, input.scalar_type())};
+    run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
+                   std::get<2>(results));
+    count_host_kernel_op();
+    return results;
   }
 };
 
