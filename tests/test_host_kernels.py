@@ -15,6 +15,14 @@ import neuron_lab
 from neuron_lab.device import trace
 
 
+def runs(fn) -> int:
+    """How many of the ops `fn` runs a fast host kernel took (device_counters' host_kernel_ops)."""
+    before = trace.device_counters()["host_kernel_ops"]
+    fn()
+    torch.neuron.synchronize()
+    return trace.device_counters()["host_kernel_ops"] - before
+
+
 def masks() -> list[torch.Tensor]:
     """Bool tensors with all-true, all-false and mixed rows, of row lengths around the
     word sizes a row check might use."""
@@ -199,12 +207,6 @@ def test_the_fast_kernels_run_where_they_apply_and_only_there():
     once in device_counters()["host_kernel_ops"], and a declined input does not (so the
     bit-for-bit tests above test the fast kernels, not ATen's)."""
 
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     x = special_floats(torch.float32, 4 * 6 * 9).view(4, 6, 9).to("neuron")
     rows, zero = row_conditions((4, 6, 9)).to("neuron"), torch.tensor(0.0, device="neuron")
     with neuron_lab.mode("eager"):
@@ -346,12 +348,6 @@ def test_small_arith_runs_where_it_applies_and_only_there():
     (the out= twin through the fallback's table): in both, each call the small kernel takes
     counts once in host_kernel_ops, and a declined one does not."""
 
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     x, bias = torch.randn(1, 4, 32, device="neuron"), torch.randn(32, device="neuron")
     ids = torch.arange(9, device="neuron")
     for mode in ("blocking", "eager"):
@@ -438,12 +434,6 @@ def test_cat_inputs_the_block_copy_declines_still_equal_the_cpu(mode):
 
 
 def test_cat_block_copy_runs_where_it_applies_and_only_there():
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     cache, token = torch.randn(1, 4, 6, 8, device="neuron"), torch.randn(1, 4, 1, 8, device="neuron")
     with neuron_lab.mode("blocking"):
         assert runs(lambda: torch.cat([cache, token], -2)) == 1
@@ -559,12 +549,6 @@ def test_matmul_under_reduced_float32_precision_equals_the_cpu():
 
 
 def test_matmul_blas_path_runs_where_it_applies_and_only_there():
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     x, w, bias = torch.randn(1, 32, device="neuron"), torch.randn(96, 32, device="neuron"), torch.randn(96, device="neuron")
     xd, wd, xh, wh = x.double(), w.double(), x.half(), w.half()
     with neuron_lab.mode("blocking"):
@@ -625,12 +609,6 @@ def test_layer_norm_inputs_the_direct_kernel_declines_still_equal_the_cpu(mode):
 
 
 def test_layer_norm_direct_kernel_runs_where_it_applies_and_only_there():
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     norm = torch.nn.LayerNorm(32).to("neuron")
     x = torch.randn(2, 3, 32, device="neuron")
     token, half = x[:1, :1], x.bfloat16()
@@ -696,12 +674,6 @@ def test_index_select_inputs_the_block_copy_declines_still_equal_the_cpu(mode):
 
 
 def test_index_select_block_copy_runs_where_it_applies_and_only_there():
-    def runs(fn) -> int:
-        before = trace.device_counters()["host_kernel_ops"]
-        fn()
-        torch.neuron.synchronize()
-        return trace.device_counters()["host_kernel_ops"] - before
-
     embedding = torch.nn.Embedding(100, 32).to("neuron")
     ids = torch.tensor([[5, 9, 9]], device="neuron")
     with neuron_lab.mode("blocking"), torch.no_grad():
