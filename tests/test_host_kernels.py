@@ -679,3 +679,74 @@ def test_index_select_block_copy_runs_where_it_applies_and_only_there():
     with neuron_lab.mode("blocking"), torch.no_grad():
         assert runs(lambda: embedding(ids)) == 1
         assert runs(lambda: torch.index_select(embedding.weight.t(), 1, ids.view(-1))) == 0
+
+
+# ---- neg, rsqrt and pow by 2, 3, -1, -0.5 (small_unary.cpp) ----------------------------------
+
+UNARY = {
+    "neg": torch.neg,
+    "rsqrt": torch.rsqrt,
+    "pow 2": lambda t: t.pow(2),
+    "pow 2.0": lambda t: torch.pow(t, 2.0),
+    "pow 3": lambda t: t**3,
+    "pow -1": lambda t: t.pow(-1),
+    "pow -0.5": lambda t: t.pow(-0.5),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_unary_equals_the_cpu_bit_for_bit(mode, dtype):
+    """NaNs of both signs, signed zeros, subnormals, infinities and negative numbers (rsqrt's
+    NaN), in vector blocks and tails: every bit as ATen's vector and scalar loops give it."""
+    for n in [1, 7, 16, 33, 1000]:
+        x = special_floats(dtype, n) * (1 if n < 33 else 3)
+        for shape in [(n,), (1, 1, n)] + ([()] if n == 1 else []):
+            t = x.reshape(shape)
+            for name, fn in UNARY.items():
+                expected = fn(t)
+                for _ in range(3):  # at once or recorded, then replayed
+                    got = fn(t.to("neuron")).cpu()
+                    assert got.shape == expected.shape and got.stride() == expected.stride(), (name, shape)
+                    assert torch.equal(bits(got), bits(expected)), (name, dtype, shape)
+
+
+def test_small_unary_inputs_it_declines_still_equal_the_cpu(mode):
+    """Exponents ATen computes otherwise (sqrt for 0.5, a double division for -2, std::pow,
+    fill and copy for 0 and 1), integer and reduced-precision tensors, strided and conjugate
+    inputs, and more than GRAIN_SIZE elements: ATen's kernel."""
+    x = special_floats(torch.float32, 40).view(4, 10)
+    big = torch.randn(40000, generator=torch.Generator().manual_seed(19)).abs() + 0.5
+    cases = [
+        lambda t: t.pow(0.5),
+        lambda t: t.pow(-2),
+        lambda t: t.pow(4),
+        lambda t: t.pow(0),
+        lambda t: t.pow(1),
+        lambda t: (t.nan_to_num() * 10).long().pow(2),
+        lambda t: t.half().pow(2),
+        lambda t: t.bfloat16().neg(),
+        lambda t: t.t().rsqrt(),
+        lambda t: t[:, ::2].neg(),
+        lambda t: torch.complex(t, t).conj().neg(),
+        lambda t: t.pow(2 + 0j),
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(x)
+        got = fn(x.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.stride() == expected.stride(), i
+        as_bytes = [r.resolve_conj().contiguous().view(torch.uint8) for r in (got, expected)]
+        assert torch.equal(*as_bytes), i
+    assert torch.equal(big.to("neuron").pow(-0.5).cpu(), big.pow(-0.5))
+
+
+def test_small_unary_runs_where_it_applies_and_only_there():
+    x = torch.randn(1, 1, 64, device="neuron")
+    xd, xh = x.double(), x.half()
+    with neuron_lab.mode("blocking"):
+        for fn in UNARY.values():
+            assert runs(lambda: fn(x)) == 1
+            assert runs(lambda: fn(xd)) == 1
+        assert runs(lambda: x.pow(0.5)) == 0
+        assert runs(lambda: x.pow(-2)) == 0
+        assert runs(lambda: xh.neg()) == 0
+        assert runs(lambda: x.transpose(0, 2).neg()) == 0

@@ -21,6 +21,7 @@
 #include "dense_index_select.h"
 #include "layer_norm_direct.h"
 #include "small_arith.h"
+#include "small_unary.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/boxing/KernelFunction.h>
@@ -317,12 +318,12 @@ struct Results<std::tuple<T...>> {
 
 // Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
 // ATen's for their token-sized operands (no TensorIterator, no host aliases): small add, sub
-// and mul (small_arith.h), cat of row-major tensors and index_select of contiguous ones
-// (dense_cat.h, dense_index_select.h), addmm and mm as the BLAS call ATen's kernel makes
-// (blas_matmul.h), and layer norm by ATen's own kernel below its wrapper
-// (layer_norm_direct.h). Their results are new device memory, written when the kernel
-// takes the arguments (their memory is ready: begin_unboxed_op made it so); otherwise
-// nullopt, and ATen's kernel runs.
+// and mul (small_arith.h); neg, rsqrt and pow by 2, 3, -1 or -0.5 (small_unary.h); cat of
+// row-major tensors and index_select of contiguous ones (dense_cat.h,
+// dense_index_select.h); addmm and mm as the BLAS call ATen's kernel makes (blas_matmul.h);
+// layer norm by ATen's own kernel below its wrapper (layer_norm_direct.h). Their results
+// are new device memory, written when the kernel takes the arguments (their memory is
+// ready: begin_unboxed_op made it so); otherwise nullopt, and ATen's kernel runs.
 template <class Op>
 struct AtOnceKernel {
   static constexpr bool exists = false;
@@ -373,6 +374,31 @@ NEURON_SMALL_ARITH(add_Tensor, Arith::Add)
 NEURON_SMALL_ARITH(sub_Tensor, Arith::Sub)
 NEURON_SMALL_ARITH(mul_Tensor, Arith::Mul)
 #undef NEURON_SMALL_ARITH
+
+template <class Op, Unary op>
+struct SmallUnaryKernel {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
+    if (!small_unary_takes(self)) return std::nullopt;
+    return write_new_result(device, Op::name, self.sizes(), self.scalar_type(),
+                            [&](const at::Tensor& out) { run_small_unary(op, self, out); });
+  }
+};
+template <>
+struct AtOnceKernel<at::_ops::neg> : SmallUnaryKernel<at::_ops::neg, Unary::Neg> {};
+template <>
+struct AtOnceKernel<at::_ops::rsqrt> : SmallUnaryKernel<at::_ops::rsqrt, Unary::Rsqrt> {};
+
+template <>
+struct AtOnceKernel<at::_ops::pow_Tensor_Scalar> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& exponent) {
+    const auto op = pow_as_unary(exponent);
+    if (!op.has_value() || !small_unary_takes(self)) return std::nullopt;
+    return write_new_result(device, at::_ops::pow_Tensor_Scalar::name, self.sizes(), self.scalar_type(),
+                            [&](const at::Tensor& out) { run_small_unary(*op, self, out); });
+  }
+};
 
 template <>
 struct AtOnceKernel<at::_ops::cat> {
