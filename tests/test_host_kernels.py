@@ -750,3 +750,52 @@ def test_small_unary_runs_where_it_applies_and_only_there():
         assert runs(lambda: x.pow(-2)) == 0
         assert runs(lambda: xh.neg()) == 0
         assert runs(lambda: x.transpose(0, 2).neg()) == 0
+
+
+# ---- isin of small integer tensors (small_isin.cpp) ------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_small_isin_equals_the_cpu(mode, dtype):
+    """A decoding loop's end-of-sequence checks, and the edges of ATen's choice between its
+    scan and its sorting algorithm (the answers agree for integers)."""
+    g = torch.Generator().manual_seed(20)
+    ids = torch.randint(0, 50, (3, 17), generator=g).to(dtype)
+    cases = [
+        (ids[:, -1:].contiguous(), torch.tensor([2], dtype=dtype)),  # the newest ids against one EOS
+        (ids, torch.tensor([7, 0, 49, 7], dtype=dtype)),  # repeated test elements
+        (ids, torch.arange(0, 50, 3, dtype=dtype)),  # enough test elements for ATen's sorting path
+        (ids[0, 0].clone(), torch.tensor([ids[0, 0].item()], dtype=dtype)),  # a 0-d element
+        (ids, torch.tensor([], dtype=dtype)),  # no test elements
+        (torch.tensor([-(2**31), 2**31 - 1], dtype=dtype), torch.tensor([2**31 - 1], dtype=dtype)),
+    ]
+    for elements, tests in cases:
+        for invert in (False, True):
+            expected = torch.isin(elements, tests, invert=invert)
+            for _ in range(3):  # at once or recorded, then replayed
+                got = torch.isin(elements.to("neuron"), tests.to("neuron"), invert=invert).cpu()
+                assert got.dtype == torch.bool and got.shape == expected.shape and got.stride() == expected.stride()
+                assert torch.equal(got, expected), (tuple(elements.shape), tests.tolist(), invert)
+
+
+def test_small_isin_inputs_it_declines_still_equal_the_cpu(mode):
+    x = torch.tensor([[0.0, -0.0, float("nan"), 1.5]])
+    ids = torch.arange(12).view(3, 4)
+    cases = [
+        (x, torch.tensor([0.0, float("nan")])),  # floats: signed zeros and NaNs as ATen compares them
+        (ids, torch.tensor([3, 5], dtype=torch.int32)),  # promotion
+        (ids.t(), torch.tensor([3, 5])),  # not contiguous
+        (ids, torch.arange(100)),  # more test elements than the scan takes
+    ]
+    for elements, tests in cases:
+        expected = torch.isin(elements, tests)
+        assert torch.equal(torch.isin(elements.to("neuron"), tests.to("neuron")).cpu(), expected)
+
+
+def test_small_isin_runs_where_it_applies_and_only_there():
+    ids, eos = torch.tensor([[5, 9, 2]], device="neuron"), torch.tensor([2, 0], device="neuron")
+    floats = ids.float()
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.isin(ids, eos)) == 1
+        assert runs(lambda: torch.isin(ids[:, -1], eos, invert=True)) == 1
+        assert runs(lambda: torch.isin(floats, floats)) == 0

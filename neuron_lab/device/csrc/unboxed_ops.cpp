@@ -21,6 +21,7 @@
 #include "dense_index_select.h"
 #include "layer_norm_direct.h"
 #include "small_arith.h"
+#include "small_isin.h"
 #include "small_unary.h"
 
 #include <ATen/EmptyTensor.h>
@@ -318,12 +319,13 @@ struct Results<std::tuple<T...>> {
 
 // Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
 // ATen's for their token-sized operands (no TensorIterator, no host aliases): small add, sub
-// and mul (small_arith.h); neg, rsqrt and pow by 2, 3, -1 or -0.5 (small_unary.h); cat of
-// row-major tensors and index_select of contiguous ones (dense_cat.h,
-// dense_index_select.h); addmm and mm as the BLAS call ATen's kernel makes (blas_matmul.h);
-// layer norm by ATen's own kernel below its wrapper (layer_norm_direct.h). Their results
-// are new device memory, written when the kernel takes the arguments (their memory is
-// ready: begin_unboxed_op made it so); otherwise nullopt, and ATen's kernel runs.
+// and mul (small_arith.h); neg, rsqrt and pow by 2, 3, -1 or -0.5 (small_unary.h); isin of
+// small integer tensors (small_isin.h); cat of row-major tensors and index_select of
+// contiguous ones (dense_cat.h, dense_index_select.h); addmm and mm as the BLAS call ATen's
+// kernel makes (blas_matmul.h); layer norm by ATen's own kernel below its wrapper
+// (layer_norm_direct.h). Their results are new device memory, written when the kernel takes
+// the arguments (their memory is ready: begin_unboxed_op made it so); otherwise nullopt, and
+// ATen's kernel runs.
 template <class Op>
 struct AtOnceKernel {
   static constexpr bool exists = false;
@@ -397,6 +399,17 @@ struct AtOnceKernel<at::_ops::pow_Tensor_Scalar> {
     if (!op.has_value() || !small_unary_takes(self)) return std::nullopt;
     return write_new_result(device, at::_ops::pow_Tensor_Scalar::name, self.sizes(), self.scalar_type(),
                             [&](const at::Tensor& out) { run_small_unary(*op, self, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::isin_Tensor_Tensor> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& elements,
+                                       const at::Tensor& test_elements, bool /*assume_unique*/, bool invert) {
+    if (!small_isin_takes(elements, test_elements)) return std::nullopt;
+    return write_new_result(device, at::_ops::isin_Tensor_Tensor::name, elements.sizes(), at::kBool,
+                            [&](const at::Tensor& out) { run_small_isin(elements, test_elements, invert, out); });
   }
 };
 
