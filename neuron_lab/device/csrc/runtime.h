@@ -329,7 +329,7 @@ struct OpCounters {
   std::atomic<uint64_t> device_to_host_bytes{0};
   std::atomic<uint64_t> device_to_device_bytes{0};
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
-  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp)
+  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp, unboxed_ops.cpp)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
 };
 OpCounters& op_counters();

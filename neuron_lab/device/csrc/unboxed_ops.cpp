@@ -331,27 +331,33 @@ struct AtOnceKernel {
   static constexpr bool exists = false;
 };
 
-// A new result on `device`, written by `write` as an op run at once (a launch for the
-// profiler, counted as a host kernel's op).
+// New device memory for a host kernel's result.
 at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
   return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
 }
 
-void count_host_kernel_op() {
+// Runs `make` (which makes and writes the results) as an op run at once on `device`: a
+// launch for the profiler, counted as a host kernel's op.
+template <class Make>
+auto run_host_kernel_at_once(c10::DeviceIndex device, const char* name, Make&& make) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  LaunchScope launch(device, name, /*synced=*/true);
+  auto results = make();
   op_counters().fallback_ops += 1;
   op_counters().unboxed_ops += 1;
   op_counters().host_kernel_ops += 1;
+  return results;
 }
 
+// A new result on `device`, written by `write` as an op run at once.
 template <class Write>
 at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes, at::ScalarType dtype,
                             Write&& write) {
-  c10::DeviceGuard guard(c10::Device(kNeuron, device));
-  LaunchScope launch(device, name, /*synced=*/true);
-  at::Tensor out = new_result(sizes, dtype);
-  write(out);
-  count_host_kernel_op();
-  return out;
+  return run_host_kernel_at_once(device, name, [&] {
+    at::Tensor out = new_result(sizes, dtype);
+    write(out);
+    return out;
+  });
 }
 
 template <Arith op>
@@ -377,28 +383,32 @@ NEURON_SMALL_ARITH(sub_Tensor, Arith::Sub)
 NEURON_SMALL_ARITH(mul_Tensor, Arith::Mul)
 #undef NEURON_SMALL_ARITH
 
-template <class Op, Unary op>
-struct SmallUnaryKernel {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    if (!small_unary_takes(self)) return std::nullopt;
-    return write_new_result(device, Op::name, self.sizes(), self.scalar_type(),
-                            [&](const at::Tensor& out) { run_small_unary(op, self, out); });
-  }
-};
-template <>
-struct AtOnceKernel<at::_ops::neg> : SmallUnaryKernel<at::_ops::neg, Unary::Neg> {};
-template <>
-struct AtOnceKernel<at::_ops::rsqrt> : SmallUnaryKernel<at::_ops::rsqrt, Unary::Rsqrt> {};
+std::optional<at::Tensor> small_unary_at_once(c10::DeviceIndex device, const char* name, Unary op,
+                                              const at::Tensor& self) {
+  if (!small_unary_takes(self)) return std::nullopt;
+  return write_new_result(device, name, self.sizes(), self.scalar_type(),
+                          [&](const at::Tensor& out) { run_small_unary(op, self, out); });
+}
+
+#define NEURON_SMALL_UNARY(op_struct, unary)                                                   \
+  template <>                                                                                \
+  struct AtOnceKernel<at::_ops::op_struct> {                                                 \
+    static constexpr bool exists = true;                                                     \
+    static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {  \
+      return small_unary_at_once(device, at::_ops::op_struct::name, unary, self);            \
+    }                                                                                        \
+  };
+NEURON_SMALL_UNARY(neg, Unary::Neg)
+NEURON_SMALL_UNARY(rsqrt, Unary::Rsqrt)
+#undef NEURON_SMALL_UNARY
 
 template <>
 struct AtOnceKernel<at::_ops::pow_Tensor_Scalar> {
   static constexpr bool exists = true;
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& exponent) {
     const auto op = pow_as_unary(exponent);
-    if (!op.has_value() || !small_unary_takes(self)) return std::nullopt;
-    return write_new_result(device, at::_ops::pow_Tensor_Scalar::name, self.sizes(), self.scalar_type(),
-                            [&](const at::Tensor& out) { run_small_unary(*op, self, out); });
+    if (!op.has_value()) return std::nullopt;
+    return small_unary_at_once(device, at::_ops::pow_Tensor_Scalar::name, *op, self);
   }
 };
 
@@ -470,14 +480,14 @@ struct AtOnceKernel<at::_ops::native_layer_norm> {
     if (!shape.has_value()) return std::nullopt;
     const auto plan = plan_layer_norm(input, *shape, weight, bias);
     if (!plan.has_value()) return std::nullopt;
-    c10::DeviceGuard guard(c10::Device(kNeuron, device));
-    LaunchScope launch(device, at::_ops::native_layer_norm::name, /*synced=*/true);
-    Result results{new_result(input.sizes(), input.scalar_type()), new_result(plan->statistics, input.scalar_type()),
-                   new_result(plan->statistics, input.scalar_type())};
-    run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
-                   std::get<2>(results));
-    count_host_kernel_op();
-    return results;
+    return run_host_kernel_at_once(device, at::_ops::native_layer_norm::name, [&] {
+      const at::ScalarType dtype = input.scalar_type();
+      Result results{new_result(input.sizes(), dtype), new_result(plan->statistics, dtype),
+                     new_result(plan->statistics, dtype)};
+      run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
+                     std::get<2>(results));
+      return results;
+    });
   }
 };
 
