@@ -710,10 +710,51 @@ def test_small_unary_equals_the_cpu_bit_for_bit(mode, dtype):
                     assert torch.equal(bits(got), bits(expected)), (name, dtype, shape)
 
 
+def strided_views(count: int, seed: int) -> list[torch.Tensor]:
+    """Views that are neither contiguous nor dense: permuted, sliced and stepped, with size-1
+    dims among them (whose strides TensorIterator still sorts by), plus the rotary embedding's
+    halves of a transposed query at one and at five tokens."""
+    g = torch.Generator().manual_seed(seed)
+    rng = __import__("random").Random(seed)
+    views = []
+    for batch, tokens, heads, dim in [(1, 1, 4, 8), (1, 1, 2, 8), (1, 5, 4, 8), (2, 5, 4, 8)]:
+        q = special_floats(torch.float32, batch * tokens * heads * dim).view(batch, tokens, heads, dim)
+        views += [q.transpose(1, 2)[..., dim // 2 :], q.transpose(1, 2)[..., : dim // 2]]
+    while len(views) < count:
+        nd = rng.randint(1, 5)
+        base = torch.randn([2 * rng.randint(1, 4) for _ in range(nd)], generator=g, dtype=torch.float64)
+        view = base.permute(*rng.sample(range(nd), nd))[
+            tuple(slice(rng.randint(0, 1), None, rng.choice([1, 2])) for _ in range(nd))
+        ]
+        if view.numel() > 0 and not view.is_contiguous():
+            views.append(view)
+    return views
+
+
+def on_device(view: torch.Tensor) -> torch.Tensor:
+    """The same view (sizes, strides, offset) of a device copy of its base."""
+    base = view._base if view._base is not None else view
+    return base.to("neuron").as_strided(view.shape, view.stride(), view.storage_offset())
+
+
+def test_small_unary_of_strided_views_equals_the_cpu_layout_and_bits(mode):
+    """A strided input that is not dense gets ATen's result layout (TensorIterator's, in the
+    order of the input's strides, size-1 dims included) and its bits."""
+    for i, view in enumerate(strided_views(60, seed=23)):
+        device_view = on_device(view)
+        assert device_view.stride() == view.stride()
+        for name, fn in UNARY.items():
+            expected = fn(view)
+            got = fn(device_view).cpu()
+            assert got.shape == expected.shape and got.stride() == expected.stride(), (i, name, view.stride())
+            assert torch.equal(bits(got), bits(expected)), (i, name)
+
+
 def test_small_unary_inputs_it_declines_still_equal_the_cpu(mode):
     """Exponents ATen computes otherwise (sqrt for 0.5, a double division for -2, std::pow,
-    fill and copy for 0 and 1), integer and reduced-precision tensors, strided and conjugate
-    inputs, and more than GRAIN_SIZE elements: ATen's kernel."""
+    fill and copy for 0 and 1), integer and reduced-precision tensors, dense permuted,
+    broadcast, overlapping and conjugate inputs, and more than GRAIN_SIZE elements: ATen's
+    kernel."""
     x = special_floats(torch.float32, 40).view(4, 10)
     big = torch.randn(40000, generator=torch.Generator().manual_seed(19)).abs() + 0.5
     cases = [
@@ -727,6 +768,9 @@ def test_small_unary_inputs_it_declines_still_equal_the_cpu(mode):
         lambda t: t.bfloat16().neg(),
         lambda t: t.t().rsqrt(),
         lambda t: t[:, ::2].neg(),
+        lambda t: t[:1].expand(3, 10).rsqrt(),
+        lambda t: t.as_strided((3, 4), (2, 1)).neg(),
+        lambda t: t.view(2, 2, 10).permute(2, 0, 1).neg(),
         lambda t: torch.complex(t, t).conj().neg(),
         lambda t: t.pow(2 + 0j),
     ]
@@ -749,7 +793,12 @@ def test_small_unary_runs_where_it_applies_and_only_there():
         assert runs(lambda: x.pow(0.5)) == 0
         assert runs(lambda: x.pow(-2)) == 0
         assert runs(lambda: xh.neg()) == 0
-        assert runs(lambda: x.transpose(0, 2).neg()) == 0
+        assert runs(lambda: x.transpose(0, 2).neg()) == 0  # dense: ATen keeps its strides
+        rotary = torch.randn(1, 1, 4, 8, device="neuron").transpose(1, 2)
+        assert runs(lambda: rotary[..., 4:].neg()) == 1
+        assert runs(lambda: x[..., ::2].rsqrt()) == 1
+        assert runs(lambda: x[0, :1].expand(3, 64).neg()) == 0  # broadcast
+        assert runs(lambda: x.view(64).as_strided((8, 8), (4, 1)).neg()) == 0  # overlapping
 
 
 # ---- isin of small integer tensors (small_isin.cpp) ------------------------------------------

@@ -385,9 +385,14 @@ NEURON_SMALL_ARITH(mul_Tensor, Arith::Mul)
 
 std::optional<at::Tensor> small_unary_at_once(c10::DeviceIndex device, const char* name, Unary op,
                                               const at::Tensor& self) {
-  if (!small_unary_takes(self)) return std::nullopt;
-  return write_new_result(device, name, self.sizes(), self.scalar_type(),
-                          [&](const at::Tensor& out) { run_small_unary(op, self, out); });
+  const auto strides = plan_small_unary(self);
+  if (!strides.has_value()) return std::nullopt;
+  return run_host_kernel_at_once(device, name, [&] {
+    at::Tensor out = at::detail::empty_strided_generic(self.sizes(), *strides, allocator(), kNeuronKeys,
+                                                       self.scalar_type());
+    run_small_unary(op, self, out);
+    return out;
+  });
 }
 
 #define NEURON_SMALL_UNARY(op_struct, unary)                                                   \
