@@ -6,6 +6,8 @@ ATen's kernel."""
 from __future__ import annotations
 
 import math
+import re
+import warnings
 
 import pytest
 import torch
@@ -848,3 +850,152 @@ def test_small_isin_runs_where_it_applies_and_only_there():
         assert runs(lambda: torch.isin(ids, eos)) == 1
         assert runs(lambda: torch.isin(ids[:, -1], eos, invert=True)) == 1
         assert runs(lambda: torch.isin(floats, floats)) == 0
+
+
+# ---- where of small operands (small_where.cpp) -----------------------------------------------
+
+WHERE_SHAPES = [  # condition, self, other
+    ((99,), (), (1, 99)),  # a logits processor's mask over a [1, vocab] row
+    ((2, 3, 17), (2, 3, 17), (17,)),
+    ((1,), (3, 9), (3, 9)),
+    ((3, 9), (1, 1, 9), ()),
+    ((5,), (), ()),
+    ((), (1, 1), (1,)),
+]
+
+
+def where_operands(shapes, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    condition = torch.rand(shapes[0], generator=g) > 0.5
+    values = []
+    for k, shape in enumerate(shapes[1:]):
+        n = math.prod(shape)
+        if dtype.is_floating_point:
+            t = special_floats(dtype, n + 3 * k)[3 * k :]
+        elif dtype == torch.bool:
+            t = torch.rand(n, generator=g) > 0.5
+        else:
+            t = torch.randint(-(2**15), 2**15, (n,), generator=g).to(dtype)
+        values.append(t.reshape(shape))
+    return condition, *values
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.bool])
+def test_small_where_equals_the_cpu_bit_for_bit(mode, dtype):
+    """Every broadcast the kernel takes (trailing blocks, single elements, 0-d tensors): the
+    chosen elements' bits (NaN payloads, -0.0), the result's shape, strides and dtype."""
+    for i, shapes in enumerate(WHERE_SHAPES):
+        condition, a, b = where_operands(shapes, dtype, seed=i)
+        expected = torch.where(condition, a, b)
+        for _ in range(3):  # at once or recorded, then replayed
+            got = torch.where(condition.to("neuron"), a.to("neuron"), b.to("neuron")).cpu()
+            assert got.shape == expected.shape and got.stride() == expected.stride(), shapes
+            assert got.dtype == expected.dtype and torch.equal(bits(got), bits(expected)), (shapes, dtype)
+
+
+def test_small_where_inputs_it_declines_still_equal_the_cpu(mode):
+    """Promotion (a 0-d double tensor with a float one gives float), a condition repeated along an inner dim, strided operands, complex values and more than GRAIN_SIZE elements run ATen's
+    kernel; a 0-d CPU tensor among device tensors is read where it is."""
+    condition, a, b = where_operands(((4, 9), (4, 9), (4, 9)), torch.float32, seed=5)
+    big = torch.rand(40000, generator=torch.Generator().manual_seed(2)) > 0.5
+    cases = [
+        lambda c, x, y: torch.where(c, x, y.double()),
+        lambda c, x, y: torch.where(c, x, torch.tensor(2.5, dtype=torch.float64, device=x.device)),
+        lambda c, x, y: torch.where(c[:, :1], x, y),
+        lambda c, x, y: torch.where(c, x.t().contiguous().t(), y),
+        lambda c, x, y: torch.where(c.t(), x.t(), y.t()),
+        lambda c, x, y: torch.where(c, torch.complex(x, y), torch.complex(y, x)),
+        lambda c, x, y: torch.where(c, x, 7.0),
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(condition, a, b)
+        got = fn(condition.to("neuron"), a.to("neuron"), b.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.stride() == expected.stride(), i
+        assert torch.equal(got.isnan(), expected.isnan()) and torch.equal(got.nan_to_num(), expected.nan_to_num()), i
+    cpu_scalar = torch.tensor(-1.5)
+    expected = torch.where(condition, cpu_scalar, b)
+    assert torch.equal(torch.where(condition.to("neuron"), cpu_scalar, b.to("neuron")).cpu().nan_to_num(),
+                       expected.nan_to_num())
+    ones = torch.ones(40000)
+    assert torch.equal(torch.where(big.to("neuron"), ones.to("neuron"), -ones.to("neuron")).cpu(),
+                       torch.where(big, ones, -ones))
+    with warnings.catch_warnings():  # ATen's kernel, with its deprecation warning (once a process)
+        warnings.simplefilter("ignore")
+        got = torch.where(condition.to(torch.uint8).to("neuron"), a.to("neuron"), b.to("neuron"))
+    assert torch.equal(got.cpu().nan_to_num(), torch.where(condition, a, b).nan_to_num())
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.where(condition.to("neuron"), a.to("neuron"), b[:, :5].to("neuron"))
+    assert torch.equal(torch.where(condition.to("neuron"), a.to("neuron"), 0.0).cpu().nan_to_num(),
+                       torch.where(condition, a, 0.0).nan_to_num())  # the runtime goes on
+
+
+def test_small_where_runs_where_it_applies_and_only_there():
+    condition = torch.rand(99, device="neuron") > 0.5
+    row = torch.randn(1, 99, device="neuron")
+    masked = torch.tensor(float("-inf"), device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.where(condition, masked, row)) == 1
+        assert runs(lambda: torch.where(condition, row, row.double())) == 0
+        assert runs(lambda: torch.where(condition.view(99, 1), row, masked)) == 0  # repeats an inner dim
+        assert runs(lambda: torch.where(condition.view(1, 99), row.view(99), row)) == 1
+        assert runs(lambda: torch.where(condition, row.expand(2, 99).t().t(), masked)) == 0  # strided
+
+
+# ---- fill_ of small tensors (small_fill.cpp) -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8, torch.bool]
+)
+def test_small_fill_equals_the_cpu(mode, dtype):
+    """torch.full, ones, zeros, scalar_tensor and fill_ itself: the bytes of value.to<T>(),
+    infinities, NaN and values that round included."""
+    values = [0, 1, -3, True, 2.5, -0.0, 1 / 3, 65504.5, float("inf"), float("nan")]
+    for value in values:
+        if not dtype.is_floating_point and (isinstance(value, float) and not math.isfinite(value)):
+            continue
+        for shape in [(), (1,), (3, 4), (1, 5, 1)]:
+            try:
+                expected = torch.full(shape, value, dtype=dtype)
+            except RuntimeError as error:  # out of the dtype's range: ATen's error, nothing written
+                with pytest.raises(RuntimeError, match=re.escape(str(error).splitlines()[0])):
+                    torch.full(shape, value, dtype=dtype, device="neuron").cpu()
+                continue
+            for _ in range(2):
+                got = torch.full(shape, value, dtype=dtype, device="neuron").cpu()
+                assert got.shape == expected.shape and torch.equal(bits(got), bits(expected)), (value, shape)
+            t = torch.empty(shape, dtype=dtype, device="neuron")
+            assert t.fill_(value) is t and torch.equal(bits(t.cpu()), bits(expected)), (value, shape)
+    for make in (torch.ones, torch.zeros):
+        assert torch.equal(make(2, 3, dtype=dtype, device="neuron").cpu(), make(2, 3, dtype=dtype))
+    assert torch.equal(bits(torch.scalar_tensor(-0.0, device="neuron").cpu()), bits(torch.scalar_tensor(-0.0)))
+
+
+def test_small_fill_errors_and_declined_inputs_equal_the_cpu(mode):
+    """An out-of-range value raises ATen's error and writes nothing; strided views, complex
+    values and more than GRAIN_SIZE elements run ATen's kernel."""
+    t = torch.arange(4, dtype=torch.int8, device="neuron")
+    with pytest.raises(RuntimeError, match="without overflow"):
+        t.fill_(300)
+        torch.neuron.synchronize()  # where the op was recorded, its error comes at the wait
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.arange(4, dtype=torch.int8).fill_(300)
+    assert torch.equal(t.cpu(), torch.arange(4, dtype=torch.int8))  # untouched, the runtime goes on
+    x = torch.zeros(4, 6)
+    xd = x.to("neuron")
+    x[:, ::2].fill_(7)
+    xd[:, ::2].fill_(7)
+    assert torch.equal(xd.cpu(), x)
+    c = torch.zeros(3, dtype=torch.complex64)
+    assert torch.equal(c.to("neuron").fill_(1 + 2j).cpu(), c.fill_(1 + 2j))
+    assert torch.equal(torch.full((40000,), 0.1, device="neuron").cpu(), torch.full((40000,), 0.1))
+
+
+def test_small_fill_runs_where_it_applies_and_only_there():
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.full((1,), False, device="neuron")) == 1
+        assert runs(lambda: torch.empty(3, 4, device="neuron").fill_(2.0)) == 1
+        x = torch.zeros(4, 6, device="neuron")
+        assert runs(lambda: x[:, ::2].fill_(1)) == 0
+        assert runs(lambda: torch.zeros(3, dtype=torch.complex64, device="neuron").fill_(1j)) == 0
+        assert runs(lambda: torch.zeros(3, dtype=torch.float16, device="neuron").fill_(1)) == 0

@@ -33,33 +33,6 @@ std::optional<at::ScalarType> common_dtype(const at::Tensor& self, const at::Ten
   return std::nullopt;
 }
 
-// The broadcast of two shapes, or nullopt when they do not broadcast.
-std::optional<c10::SmallVector<int64_t, 6>> broadcast(c10::IntArrayRef a, c10::IntArrayRef b) {
-  const size_t rank = std::max(a.size(), b.size());
-  c10::SmallVector<int64_t, 6> sizes(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    const int64_t da = i + a.size() < rank ? 1 : a[i + a.size() - rank];
-    const int64_t db = i + b.size() < rank ? 1 : b[i + b.size() - rank];
-    if (da != db && da != 1 && db != 1) return std::nullopt;
-    sizes[i] = da == 1 ? db : da;
-  }
-  return sizes;
-}
-
-// How often t repeats over a result of `sizes` (numel elements): numel when it is as big,
-// 1 for one element, its own numel when it is a block of the result's trailing dims; 0 when
-// the kernel cannot read it so.
-int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel) {
-  const int64_t n = t.numel();
-  if (n == 1) return 1;
-  if (!row_major(t)) return 0;
-  if (n == numel) return n;  // it broadcasts to the result with no dim repeated: the same order
-  c10::IntArrayRef own = t.sizes();
-  while (!own.empty() && own.front() == 1) own = own.slice(1);
-  if (own.size() > sizes.size() || sizes.slice(sizes.size() - own.size()) != own) return 0;
-  return n;
-}
-
 // ---- the loops --------------------------------------------------------------------------
 
 // Integers wrap as ATen's (two's complement) without signed overflow in C++.

@@ -22,7 +22,9 @@
 #include "layer_norm_direct.h"
 #include "small_arith.h"
 #include "small_isin.h"
+#include "small_fill.h"
 #include "small_unary.h"
+#include "small_where.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/boxing/KernelFunction.h>
@@ -92,6 +94,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -429,6 +432,33 @@ struct AtOnceKernel<at::_ops::isin_Tensor_Tensor> {
 };
 
 template <>
+struct AtOnceKernel<at::_ops::where_self> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& condition, const at::Tensor& self,
+                                       const at::Tensor& other) {
+    const auto plan = plan_small_where(condition, self, other);
+    if (!plan.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::where_self::name, plan->sizes, plan->dtype,
+                            [&](const at::Tensor& out) { run_small_where(*plan, condition, self, other, out); });
+  }
+};
+
+// In place: the result is self, returned by reference.
+template <>
+struct AtOnceKernel<at::_ops::fill__Scalar> {
+  static constexpr bool exists = true;
+  static std::optional<std::reference_wrapper<at::Tensor>> run(c10::DeviceIndex device, at::Tensor& self,
+                                                               const c10::Scalar& value) {
+    if (!small_fill_takes(self, value)) return std::nullopt;
+    run_host_kernel_at_once(device, at::_ops::fill__Scalar::name, [&] {
+      run_small_fill(self, value);
+      return true;
+    });
+    return std::ref(self);
+  }
+};
+
+template <>
 struct AtOnceKernel<at::_ops::cat> {
   static constexpr bool exists = true;
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::ITensorListRef& tensors, int64_t dim) {
@@ -558,7 +588,10 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     }
     const c10::DeviceIndex device = tensors.device;
     if constexpr (AtOnceKernel<Op>::exists) {
-      if (auto result = AtOnceKernel<Op>::run(device, args...)) return std::move(*result);
+      if (auto result = AtOnceKernel<Op>::run(device, args...)) {
+        for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
+        return std::move(*result);
+      }
     }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
