@@ -219,10 +219,9 @@ Frames capture_stack() {
   return (g_history.load() && g_stacks.load() && capturer != nullptr) ? capturer() : nullptr;
 }
 
-// Called with core.mutex held.
-void log(Core& core, const char* action, const void* addr, int64_t size, c10::StreamId stream,
-         Frames frames = nullptr) {
-  if (!g_trace.load()) return;
+// Called with core.mutex held, when the memory history is on (log() checks).
+void log_entry(Core& core, const char* action, const void* addr, int64_t size, c10::StreamId stream,
+               Frames frames) {
   TraceEntry e;
   e.action = action;
   e.addr = reinterpret_cast<int64_t>(addr);
@@ -233,6 +232,12 @@ void log(Core& core, const char* action, const void* addr, int64_t size, c10::St
   if (std::string_view(action) == "oom") e.device_free = core_capacity() - core.stats.reserved_bytes[0].current;
   core.trace.push_back(std::move(e));
   while (core.trace.size() > g_max_entries.load()) core.trace.pop_front();
+}
+
+// Records an allocator event in the memory history, when it is on (a check per event).
+inline void log(Core& core, const char* action, const void* addr, int64_t size, c10::StreamId stream,
+                Frames frames = nullptr) {
+  if (g_trace.load(std::memory_order_relaxed)) log_entry(core, action, addr, size, stream, std::move(frames));
 }
 
 std::string format_bytes(int64_t bytes) {
@@ -365,27 +370,37 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     f(arr[pool(small)]);
   }
 
-  // Adds (sign > 0) or takes `amount` from a statistic of the block's pool and the aggregate.
-  static void count(c10::CachingAllocator::StatArray& arr, const Block* block, int64_t amount, int sign) {
-    for_stat(arr, block->segment->small, [&](auto& st) { sign > 0 ? st.increase(amount) : st.decrease(amount); });
+  // Adds (Sign > 0) or takes `amount` from a statistic of the block's pool and the aggregate.
+  // The sign is a template argument: every block given or freed runs these, straight-line.
+  template <int Sign>
+  static void count(c10::CachingAllocator::StatArray& arr, const Block* block, int64_t amount) {
+    for_stat(arr, block->segment->small, [&](auto& st) {
+      if constexpr (Sign > 0) {
+        st.increase(amount);
+      } else {
+        st.decrease(amount);
+      }
+    });
   }
 
   // A block given to a tensor counts as an allocation, active, and its bytes.
-  static void count_allocated(Core& core, const Block* block, int sign) {
+  template <int Sign>
+  static void count_allocated(Core& core, const Block* block) {
     auto& s = core.stats;
     const auto bytes = static_cast<int64_t>(block->size);
-    count(s.allocation, block, 1, sign);
-    count(s.active, block, 1, sign);
-    count(s.allocated_bytes, block, bytes, sign);
-    count(s.active_bytes, block, bytes, sign);
-    count(s.requested_bytes, block, static_cast<int64_t>(block->requested), sign);
+    count<Sign>(s.allocation, block, 1);
+    count<Sign>(s.active, block, 1);
+    count<Sign>(s.allocated_bytes, block, bytes);
+    count<Sign>(s.active_bytes, block, bytes);
+    count<Sign>(s.requested_bytes, block, static_cast<int64_t>(block->requested));
   }
 
   // A free block that is a piece of a segment counts as an inactive split (CUDA's stat).
-  static void count_inactive_split(Core& core, const Block* block, int sign) {
+  template <int Sign>
+  static void count_inactive_split(Core& core, const Block* block) {
     if (!block->is_split()) return;
-    count(core.stats.inactive_split, block, 1, sign);
-    count(core.stats.inactive_split_bytes, block, static_cast<int64_t>(block->size), sign);
+    count<Sign>(core.stats.inactive_split, block, 1);
+    count<Sign>(core.stats.inactive_split_bytes, block, static_cast<int64_t>(block->size));
   }
 
   Block* acquire(c10::DeviceIndex device, size_t nbytes) {
@@ -400,7 +415,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
     Block* block = core.quick.pop(size);
     if (block != nullptr) {
-      count_inactive_split(core, block, -1);
+      count_inactive_split<-1>(core, block);
     } else {
       block = take_free_block(core, small, size);
       if (block == nullptr && empty_quick_bins(core)) block = take_free_block(core, small, size);
@@ -414,14 +429,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       block->next = rest;
       block->size = size;
       core.add_free(rest);
-      count_inactive_split(core, rest, +1);
+      count_inactive_split<1>(core, rest);
     }
     block->allocated = true;
     block->requested = nbytes;
     block->stream = stream;
     block->frames = frames;
     log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
-    count_allocated(core, block, +1);
+    count_allocated<1>(core, block);
     trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
     return block;
   }
@@ -435,7 +450,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (it == free.end()) return nullptr;
     Block* block = *it;
     core.remove_free(free, it);
-    count_inactive_split(core, block, -1);
+    count_inactive_split<-1>(core, block);
     return block;
   }
 
@@ -512,7 +527,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
     const auto bytes = static_cast<int64_t>(block->size);
-    count_allocated(core, block, -1);
+    count_allocated<-1>(core, block);
     // Launches complete when issued, so a freed block is reusable at once.
     log(core, "free_requested", block->ptr, bytes, block->stream);
     log(core, "free_completed", block->ptr, bytes, block->stream);
@@ -520,7 +535,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->requested = 0;
     block->frames = nullptr;
     if (core.quick.push(block)) {
-      count_inactive_split(core, block, +1);
+      count_inactive_split<1>(core, block);
     } else {
       free_into_tree(core, block);
     }
@@ -533,7 +548,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (core.quick.held == 0) return false;
     for (size_t bin = 0; bin < QuickBins::kSizes; ++bin) {
       while (Block* block = core.quick.pop_from(bin)) {
-        count_inactive_split(core, block, -1);
+        count_inactive_split<-1>(core, block);
         free_into_tree(core, block);
       }
     }
@@ -543,14 +558,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   // A free block into the free-block tree, merged with its free neighbours first.
   static void free_into_tree(Core& core, Block* block) {
     merge_with_free_neighbours(core, block);
-    count_inactive_split(core, block, +1);
+    count_inactive_split<1>(core, block);
     core.add_free(block);
   }
 
   // Absorbs the free blocks before and after `block` (freed just now) into it.
   static void merge_with_free_neighbours(Core& core, Block* block) {
     if (Block* prev = block->prev; prev != nullptr && !prev->allocated && !prev->binned) {
-      count_inactive_split(core, prev, -1);
+      count_inactive_split<-1>(core, prev);
       core.remove_free(prev);
       block->ptr = prev->ptr;
       block->size += prev->size;
@@ -560,7 +575,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       core.drop_block(prev);
     }
     if (Block* next = block->next; next != nullptr && !next->allocated && !next->binned) {
-      count_inactive_split(core, next, -1);
+      count_inactive_split<-1>(core, next);
       core.remove_free(next);
       block->size += next->size;
       block->next = next->next;

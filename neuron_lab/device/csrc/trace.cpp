@@ -169,12 +169,12 @@ const char* status_name(LaunchStatus status) {
 
 bool profiling() noexcept { return g_active_profiles.load(std::memory_order_relaxed) > 0; }
 
-LaunchRecordPtr new_launch(const char* kind, std::string name, int device, int64_t stream) {
+LaunchRecordPtr new_launch(const char* kind, std::string_view name, int device, int64_t stream) {
   if (!profiling()) return nullptr;
   auto r = std::make_shared<LaunchRecord>();
   r->id = g_next_launch_id.fetch_add(1);
   r->kind = kind;
-  r->name = std::move(name);
+  r->name = std::string(name);  // built only while profiling: every op run at once asks
   r->device = device;
   r->stream = stream;
   r->enqueue_ns = now_ns();

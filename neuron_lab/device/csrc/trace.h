@@ -125,7 +125,7 @@ using LaunchRecordPtr = std::shared_ptr<LaunchRecord>;
 
 bool profiling() noexcept;
 // A new launch record (kept until the profiler stops), or nullptr when not profiling.
-LaunchRecordPtr new_launch(const char* kind, std::string name, int device, int64_t stream);
+LaunchRecordPtr new_launch(const char* kind, std::string_view name, int device, int64_t stream);
 
 struct MemorySample {
   int64_t time_ns;
