@@ -999,3 +999,124 @@ def test_small_fill_runs_where_it_applies_and_only_there():
         assert runs(lambda: x[:, ::2].fill_(1)) == 0
         assert runs(lambda: torch.zeros(3, dtype=torch.complex64, device="neuron").fill_(1j)) == 0
         assert runs(lambda: torch.zeros(3, dtype=torch.float16, device="neuron").fill_(1)) == 0
+
+
+# ---- integer arange (small_arange.cpp) -------------------------------------------------------
+
+ARANGES = [(99,), (1,), (0,), (5, 17, 3), (17, 5, -3), (-7, 7, 2), (3, 4), (4, 4), (-5, -20, -4), (0, 100, 7)]
+
+
+def test_small_arange_equals_the_cpu(mode):
+    """Sizes by ATen's integer formula (empty, one, remainders of the step, negative steps)
+    and values start + step * i; out= tensors of that size or empty, resized as ATen resizes."""
+    for args in ARANGES:
+        expected = torch.arange(*args)
+        for _ in range(2):
+            got = torch.arange(*args, device="neuron").cpu()
+            assert got.dtype == expected.dtype == torch.int64 and torch.equal(got, expected), args
+        empty = torch.empty(0, dtype=torch.int64, device="neuron")
+        assert torch.arange(*args, out=empty) is empty and torch.equal(empty.cpu(), expected), args
+        sized = torch.full(expected.shape, -1, dtype=torch.int64, device="neuron")
+        assert torch.arange(*args, out=sized) is sized and torch.equal(sized.cpu(), expected), args
+
+
+def test_small_arange_inputs_it_declines_and_errors_equal_the_cpu(mode):
+    """Floating bounds and results, int32 and big bounds run ATen's kernel, an out= of
+    another size is resized with ATen's warning, and a zero or inconsistent step raises ATen's
+    error with the runtime going on."""
+    cases = [
+        lambda **kw: torch.arange(0.5, 3, **kw),
+        lambda **kw: torch.arange(5, dtype=torch.float32, **kw),
+        lambda **kw: torch.arange(2, 9, 2, dtype=torch.int32, **kw),
+        lambda **kw: torch.arange(2**60, 2**60 + 5, **kw),
+        lambda **kw: torch.arange(0, 1, 0.25, **kw),
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn()
+        got = fn(device="neuron").cpu()
+        assert got.dtype == expected.dtype and torch.equal(got, expected), i
+    wrong = torch.empty(3, dtype=torch.int64, device="neuron")
+    with pytest.warns(UserWarning, match="will be resized"):
+        torch.arange(10, out=wrong)
+    assert torch.equal(wrong.cpu(), torch.arange(10))
+    for args, message in [((0, 5, 0), "step must be nonzero"), ((5, 0, 1), "inconsistent with step sign")]:
+        with pytest.raises(RuntimeError, match=message):
+            torch.arange(*args, device="neuron").cpu()
+    assert torch.equal(torch.arange(4, device="neuron").cpu(), torch.arange(4))  # the runtime goes on
+
+
+def test_small_arange_runs_where_it_applies_and_only_there():
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.arange(99, device="neuron")) == 1
+        assert runs(lambda: torch.arange(3, 30, 4, device="neuron")) == 1
+        assert runs(lambda: torch.arange(5, dtype=torch.float32, device="neuron")) == 0
+        assert runs(lambda: torch.arange(0.5, 3, device="neuron")) == 0
+        assert runs(lambda: torch.arange(40000, device="neuron")) == 0  # more than GRAIN_SIZE
+
+
+# ---- bitwise and / or / not (small_bitwise.cpp) ----------------------------------------------
+
+BITWISE_SHAPES = [((1,), (1,)), ((), ()), ((5, 7), (7,)), ((2, 1, 9), (2, 1, 9)), ((33,), ())]
+
+
+def bitwise_operand(shape, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    info = torch.iinfo(dtype)
+    t = torch.randint(-(2**30), 2**30, shape, generator=g, dtype=torch.int64).to(dtype)
+    if t.numel() > 2:
+        t.view(-1)[:2] = torch.tensor([info.min, info.max], dtype=dtype)
+    return t
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32, torch.int64])
+def test_small_bitwise_equals_the_cpu(mode, dtype):
+    """&, | and ~ of bool masks (logical, as ATen's bool kernels) and integers (the extremes
+    among them), broadcast as the kernel takes them, in either operand order."""
+    g = torch.Generator().manual_seed(11)
+    for shapes in BITWISE_SHAPES:
+        a, b = (bitwise_operand(s, dtype, g) for s in shapes)
+        for x, y in ((a, b), (b, a)):
+            for fn in (torch.bitwise_and, torch.bitwise_or):
+                expected = fn(x, y)
+                got = fn(x.to("neuron"), y.to("neuron")).cpu()
+                assert got.dtype == expected.dtype and got.stride() == expected.stride(), shapes
+                assert torch.equal(got, expected), (fn.__name__, shapes, dtype)
+        for x in (a, b):
+            assert torch.equal(torch.bitwise_not(x.to("neuron")).cpu(), torch.bitwise_not(x)), shapes
+
+
+def test_small_bitwise_inputs_it_declines_still_equal_the_cpu(mode):
+    """Promotion (int64 with bool), Python numbers, strided operands, other dtypes and more
+    than GRAIN_SIZE elements run ATen's kernel; float operands raise ATen's error."""
+    g = torch.Generator().manual_seed(12)
+    ids = torch.randint(0, 9, (4, 6), generator=g)
+    mask = torch.rand(4, 6, generator=g) > 0.5
+    big = torch.rand(40000, generator=g) > 0.5
+    cases = [
+        lambda i, m: i & m,
+        lambda i, m: i | 3,
+        lambda i, m: m.t() | m.t(),
+        lambda i, m: ~i.to(torch.uint8),
+        lambda i, m: ~i[:, ::2],
+        lambda i, m: i.to(torch.int16) & i.to(torch.int16),
+    ]
+    for k, fn in enumerate(cases):
+        expected = fn(ids, mask)
+        got = fn(ids.to("neuron"), mask.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and torch.equal(got, expected), k
+    assert torch.equal((big.to("neuron") | ~big.to("neuron")).cpu(), big | ~big)
+    with pytest.raises(RuntimeError, match="bitwise_or"):
+        torch.bitwise_or(torch.ones(2, device="neuron"), torch.ones(2, device="neuron")).cpu()
+    assert torch.equal((mask.to("neuron") | mask.to("neuron")).cpu(), mask)  # the runtime goes on
+
+
+def test_small_bitwise_runs_where_it_applies_and_only_there():
+    done = torch.zeros(1, dtype=torch.bool, device="neuron")
+    ids = torch.ones(1, dtype=torch.int64, device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: done | done) == 1
+        assert runs(lambda: ~done) == 1
+        assert runs(lambda: ids & ids) == 1
+        assert runs(lambda: ids & done) == 0  # promotion
+        assert runs(lambda: ~torch.zeros(4, 4, dtype=torch.bool, device="neuron").t()[::2]) == 0

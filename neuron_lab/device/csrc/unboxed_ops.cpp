@@ -22,6 +22,8 @@
 #include "layer_norm_direct.h"
 #include "small_arith.h"
 #include "small_isin.h"
+#include "small_arange.h"
+#include "small_bitwise.h"
 #include "small_fill.h"
 #include "small_unary.h"
 #include "small_where.h"
@@ -455,6 +457,54 @@ struct AtOnceKernel<at::_ops::fill__Scalar> {
       return true;
     });
     return std::ref(self);
+  }
+};
+
+// out= form (arange() makes an empty out and calls it): the result is out, sized here as
+// ATen's kernel sizes an empty one.
+template <>
+struct AtOnceKernel<at::_ops::arange_start_out> {
+  static constexpr bool exists = true;
+  static std::optional<std::reference_wrapper<at::Tensor>> run(c10::DeviceIndex device, const c10::Scalar& start,
+                                                               const c10::Scalar& end, const c10::Scalar& step,
+                                                               at::Tensor& out) {
+    const auto size = small_arange_size(start, end, step, out);
+    if (!size.has_value()) return std::nullopt;
+    run_host_kernel_at_once(device, at::_ops::arange_start_out::name, [&] {
+      if (out.numel() != *size) out.resize_({*size});
+      run_small_arange(start, step, out);
+      return true;
+    });
+    return std::ref(out);
+  }
+};
+
+std::optional<at::Tensor> small_bitwise_at_once(c10::DeviceIndex device, const char* name, Bitwise op,
+                                                const at::Tensor& self, const at::Tensor* other) {
+  const auto plan = plan_small_bitwise(self, other);
+  if (!plan.has_value()) return std::nullopt;
+  return write_new_result(device, name, plan->sizes, plan->dtype,
+                          [&](const at::Tensor& out) { run_small_bitwise(op, *plan, self, other, out); });
+}
+
+#define NEURON_SMALL_BITWISE(op_struct, bitwise)                                                          \
+  template <>                                                                                           \
+  struct AtOnceKernel<at::_ops::op_struct> {                                                            \
+    static constexpr bool exists = true;                                                                \
+    static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self,               \
+                                         const at::Tensor& other) {                                     \
+      return small_bitwise_at_once(device, at::_ops::op_struct::name, bitwise, self, &other);           \
+    }                                                                                                   \
+  };
+NEURON_SMALL_BITWISE(bitwise_and_Tensor, Bitwise::And)
+NEURON_SMALL_BITWISE(bitwise_or_Tensor, Bitwise::Or)
+#undef NEURON_SMALL_BITWISE
+
+template <>
+struct AtOnceKernel<at::_ops::bitwise_not> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
+    return small_bitwise_at_once(device, at::_ops::bitwise_not::name, Bitwise::Not, self, nullptr);
   }
 };
 

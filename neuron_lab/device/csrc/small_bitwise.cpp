@@ -1,0 +1,84 @@
+// Small bitwise and / or / not with ATen's results (small_bitwise.h says what it takes).
+#include "small_bitwise.h"
+
+#include "dense_layout.h"
+
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
+
+#include <type_traits>
+
+namespace neuron {
+namespace {
+
+bool is_python_number(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); }
+
+bool kernel_dtype(at::ScalarType t) { return t == at::kBool || t == at::kInt || t == at::kLong; }
+
+inline int64_t at_period(int64_t i, int64_t period) { return period == 1 ? 0 : i % period; }
+
+// ATen's bool kernels are logical (a && b, a || b, !a), its integer ones bitwise.
+template <class T, Bitwise op>
+inline T apply(T a, T b) {
+  if constexpr (std::is_same_v<T, uint8_t>) {  // bool, read as ATen reads it: nonzero is true
+    const bool x = a != 0, y = b != 0;
+    return static_cast<uint8_t>(op == Bitwise::And ? (x && y) : op == Bitwise::Or ? (x || y) : !x);
+  } else {
+    return op == Bitwise::And ? (a & b) : op == Bitwise::Or ? (a | b) : static_cast<T>(~a);
+  }
+}
+
+template <class T, Bitwise op>
+void run_as(const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other, const at::Tensor& out) {
+  const T* a = static_cast<const T*>(self.const_data_ptr());
+  const T* b = other != nullptr ? static_cast<const T*>(other->const_data_ptr()) : a;
+  T* y = static_cast<T*>(out.mutable_data_ptr());
+  const int64_t other_period = other != nullptr ? plan.other_period : plan.self_period;
+  for (int64_t i = 0; i < plan.numel; ++i) {
+    y[i] = apply<T, op>(a[at_period(i, plan.self_period)], b[at_period(i, other_period)]);
+  }
+}
+
+template <class T>
+void run_typed(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
+               const at::Tensor& out) {
+  switch (op) {
+    case Bitwise::And: return run_as<T, Bitwise::And>(plan, self, other, out);
+    case Bitwise::Or: return run_as<T, Bitwise::Or>(plan, self, other, out);
+    case Bitwise::Not: return run_as<T, Bitwise::Not>(plan, self, other, out);
+  }
+}
+
+}  // namespace
+
+std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at::Tensor* other) {
+  if (!bytes_are_values(self) || is_python_number(self) || !kernel_dtype(self.scalar_type())) return std::nullopt;
+  c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
+  if (other != nullptr) {
+    if (!bytes_are_values(*other) || is_python_number(*other) || other->scalar_type() != self.scalar_type()) {
+      return std::nullopt;
+    }
+    auto both = broadcast(self.sizes(), other->sizes());
+    if (!both.has_value()) return std::nullopt;
+    sizes = std::move(*both);
+  }
+  int64_t numel = 1;
+  for (int64_t s : sizes) numel *= s;
+  if (numel < 1 || numel > at::internal::GRAIN_SIZE) return std::nullopt;
+  const int64_t self_period = period(self, sizes, numel);
+  const int64_t other_period = other != nullptr ? period(*other, sizes, numel) : 0;
+  if (self_period == 0 || (other != nullptr && other_period == 0)) return std::nullopt;
+  if (other == nullptr && self_period != numel) return std::nullopt;  // not: self is the result's shape
+  return SmallBitwise{std::move(sizes), self.scalar_type(), numel, self_period, other_period};
+}
+
+void run_small_bitwise(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
+                       const at::Tensor& out) {
+  switch (plan.dtype) {
+    case at::kBool: return run_typed<uint8_t>(op, plan, self, other, out);
+    case at::kInt: return run_typed<int32_t>(op, plan, self, other, out);
+    case at::kLong: return run_typed<int64_t>(op, plan, self, other, out);
+    default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
+  }
+}
+
+}  // namespace neuron

@@ -1,0 +1,39 @@
+// Small bitwise and / or / not of bool and integer tensors, without ATen's TensorIterator.
+//
+// A decoding loop's stopping criteria combine [1] bool masks with | and ~ every step. These
+// have one answer however computed: ATen's bool kernels are a && b, a || b and !a, its
+// integer ones &, | and ~. The kernel takes bool, int32 or int64 operands of one dtype (no
+// promotion, no Python numbers), each dense and row-major, or one element, or a block of the
+// result's trailing dims that the other repeats, 1 to GRAIN_SIZE elements; anything else is
+// left to ATen's kernel.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace neuron {
+
+enum class Bitwise : uint8_t { And, Or, Not };
+
+// How one call runs: the result's sizes, dtype and element count, and how often each
+// operand repeats over it (dense_layout.h's period(); other's is 0 for not).
+struct SmallBitwise {
+  c10::SmallVector<int64_t, 6> sizes;
+  at::ScalarType dtype;
+  int64_t numel;
+  int64_t self_period;
+  int64_t other_period;
+};
+
+// The plan for self & other or self | other (other given), or ~self (other null); nullopt
+// when the small kernel does not take them.
+std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at::Tensor* other);
+
+// Writes the result into `out`: plan.numel contiguous elements of plan.dtype, memory of its own.
+void run_small_bitwise(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
+                       const at::Tensor& out);
+
+}  // namespace neuron
