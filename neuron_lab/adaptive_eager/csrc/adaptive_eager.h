@@ -156,8 +156,12 @@ struct Counters {
       compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
       inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
       graph_joins{0},  // buffers held past a cached graph's end to join its usual successor
-      tiled_runs{0}, tiled_ops{0}, ops_run_at_once{0},
+      tiled_runs{0}, tiled_ops{0},
       metas_computed{0};  // result metadata not in the cache: a meta kernel ran
+  // Ops run at once since the process started (never reset: the recorder compares it
+  // across launches), and its value at the last reset(): one atomic add an op, not two.
+  std::atomic<uint64_t> ops_run_at_once_total{0}, ops_run_at_once_at_reset{0};
+  uint64_t ops_run_at_once() const { return ops_run_at_once_total.load() - ops_run_at_once_at_reset.load(); }
   std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
   std::mutex mutex;
   std::map<std::string, uint64_t> syncs;  // by trigger: the op that waited, else the reason's words

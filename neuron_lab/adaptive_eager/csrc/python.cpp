@@ -85,7 +85,7 @@ void register_bindings(py::module& m) {
     d["graph_joins"] = c.graph_joins.load();
     d["tiled_runs"] = c.tiled_runs.load();
     d["tiled_ops"] = c.tiled_ops.load();
-    d["ops_run_at_once"] = c.ops_run_at_once.load();
+    d["ops_run_at_once"] = c.ops_run_at_once();
     d["metas_computed"] = c.metas_computed.load();
     d["graphs_unrepeated"] = repeats().unrepeated();
     d["unrepeated_ops_small"] = repeats().ops_are_small();  // false while ops are recorded

@@ -82,10 +82,11 @@ void Counters::reset() {
   for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
                   &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
                   &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted, &graph_joins, &tiled_runs, &tiled_ops, &ops_run_at_once,
+                  &live_result_bytes, &graphs_evicted, &graph_joins, &tiled_runs, &tiled_ops,
                   &metas_computed}) {
     c->store(0);
   }
+  ops_run_at_once_at_reset.store(ops_run_at_once_total.load());
   for (auto& c : flushes) c.store(0);
   std::lock_guard<std::mutex> lock(mutex);
   syncs.clear();
@@ -292,7 +293,7 @@ struct JustEnded {
   GraphSpan graph;
   std::thread::id owner;
   int graph_task = -1;
-  uint64_t ops_run_at_once = 0;  // g_ops_run_at_once then
+  uint64_t ops_run_at_once = 0;  // ops_run_at_once_total() then
 };
 
 // Successors that joined once stay joined; this many in a row are needed first.
@@ -330,7 +331,7 @@ bool policy_flush(Reason reason) {
 
 // Ops run at once since the process started (never reset, unlike counters()). An op run
 // inline flushes the buffers, which ends a join's pair by itself; one run at once does not.
-std::atomic<uint64_t> g_ops_run_at_once{0};
+std::atomic<uint64_t>& ops_run_at_once_total() { return counters().ops_run_at_once_total; }
 
 // Every stream's buffer, made on its first recorded op. Buffers live as long as the
 // process (streams do), so a thread keeps a pointer to the one it used last.
@@ -425,7 +426,7 @@ void note_successor(Buffer& b) {
   const JustEnded ended = *b.just_ended;
   b.just_ended.reset();
   const bool backward_starts = b.graph_task != -1 && b.graph_task != ended.graph_task;
-  const bool ran_at_once_between = g_ops_run_at_once.load(std::memory_order_relaxed) != ended.ops_run_at_once;
+  const bool ran_at_once_between = ops_run_at_once_total().load(std::memory_order_relaxed) != ended.ops_run_at_once;
   if (b.follow_ops == 0 || backward_starts || b.owner != ended.owner || ran_at_once_between) return;
   if (b.successors.size() >= kMaxSuccessors) b.successors.clear();
   auto& successor = b.successors[ended.graph];
@@ -582,8 +583,7 @@ bool in_at_once_regime() {
 bool runs_at_once(c10::DeviceIndex device) {
   if (!in_at_once_regime()) return false;
   if (!repeats().ops_are_small() && !stream_idle(stream_state(current_stream(device)))) return false;
-  g_ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
-  counters().ops_run_at_once.fetch_add(1, std::memory_order_relaxed);
+  ops_run_at_once_total().fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 }  // namespace
@@ -759,7 +759,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         const bool first_after_wait = b.next_after_wait;
         flush_locked(b, s, Reason::CachedGraphEnd);
         // The first launch after a wait stays short: the idle device gets it at once.
-        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, g_ops_run_at_once.load(std::memory_order_relaxed)};
+        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, ops_run_at_once_total().load(std::memory_order_relaxed)};
       }
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
                (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {

@@ -195,14 +195,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("counters", []() {
     auto& c = neuron::op_counters();
     py::dict d;
-    d["fallback_ops"] = c.fallback_ops.load();
-    d["unboxed_ops"] = c.unboxed_ops.load();
+    const uint64_t at_once_host_kernels = c.at_once_host_kernel_ops.load();
+    d["fallback_ops"] = c.fallback_ops.load() + at_once_host_kernels;
+    d["unboxed_ops"] = c.unboxed_ops.load() + at_once_host_kernels;
     d["output_copies"] = c.output_copies.load();
     d["host_to_device_bytes"] = c.host_to_device_bytes.load();
     d["device_to_host_bytes"] = c.device_to_host_bytes.load();
     d["device_to_device_bytes"] = c.device_to_device_bytes.load();
     d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
-    d["host_kernel_ops"] = c.host_kernel_ops.load();
+    d["host_kernel_ops"] = c.host_kernel_ops.load() + at_once_host_kernels;
     d["aliases_recycled"] = c.aliases_recycled.load();
     return d;
   });

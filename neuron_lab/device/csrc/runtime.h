@@ -331,6 +331,10 @@ struct OpCounters {
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
   std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp, unboxed_ops.cpp)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
+  // Host kernels run at once (unboxed_ops.cpp): each is also a fallback, an unboxed and a
+  // host-kernel op, counted once here (one atomic add an op, not three) and added to those
+  // three when the counters are read.
+  std::atomic<uint64_t> at_once_host_kernel_ops{0};
 };
 OpCounters& op_counters();
 

@@ -348,9 +348,7 @@ auto run_host_kernel_at_once(c10::DeviceIndex device, const char* name, Make&& m
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   LaunchScope launch(device, name, /*synced=*/true);
   auto results = make();
-  op_counters().fallback_ops += 1;
-  op_counters().unboxed_ops += 1;
-  op_counters().host_kernel_ops += 1;
+  op_counters().at_once_host_kernel_ops.fetch_add(1, std::memory_order_relaxed);
   return results;
 }
 
