@@ -1125,3 +1125,79 @@ def test_small_bitwise_runs_where_it_applies_and_only_there():
         assert runs(lambda: ids & ids) == 1
         assert runs(lambda: ids & done) == 0  # promotion
         assert runs(lambda: ~torch.zeros(4, 4, dtype=torch.bool, device="neuron").t()[::2]) == 0
+
+
+# ---- argmax over rows and integer eq (small_reduce_compare.cpp) -----------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+def test_small_argmax_over_rows_equals_the_cpu(mode, dtype):
+    """Greedy search's argmax over a [1, vocab] row and more: ties keep the first index, the
+    first NaN wins over everything, infinities and -0.0 / 0.0 ties, keepdim either way."""
+    g = torch.Generator().manual_seed(21)
+    rows = []
+    for shape in [(1, 99), (5,), (3, 4, 17), (2, 1), (1, 1)]:
+        if dtype.is_floating_point:
+            rows.append(special_floats(dtype, math.prod(shape)).reshape(shape))
+            rows.append(torch.randint(-3, 3, shape, generator=g).to(dtype))  # many ties
+        else:
+            rows.append(torch.randint(-3, 3, shape, generator=g).to(dtype))
+    if dtype.is_floating_point:
+        rows += [torch.tensor([[0.0, -0.0, 0.0]], dtype=dtype), torch.full((2, 6), float("-inf"), dtype=dtype),
+                 torch.tensor([[1.0, float("nan"), 5.0, float("nan")]], dtype=dtype)]
+    else:
+        info = torch.iinfo(dtype)
+        rows.append(torch.tensor([[info.min, info.min], [info.max, info.min]], dtype=dtype))
+    for x in rows:
+        for keepdim in (False, True):
+            expected = torch.argmax(x, dim=-1, keepdim=keepdim)
+            got = torch.argmax(x.to("neuron"), dim=-1, keepdim=keepdim).cpu()
+            assert got.shape == expected.shape and got.dtype == expected.dtype and torch.equal(got, expected), x
+
+
+def test_small_argmax_and_eq_inputs_they_decline_still_equal_the_cpu(mode):
+    """argmax over all elements or another dim, of strided or half tensors, and its errors for
+    an empty or a bool tensor; eq of floats, of out-of-range numbers for int32, of strided tensors."""
+    x = special_floats(torch.float32, 40).view(4, 10)
+    ids = torch.randint(0, 5, (4, 6), generator=torch.Generator().manual_seed(3), dtype=torch.int32)
+    cases = [
+        lambda t, i: torch.argmax(t),
+        lambda t, i: torch.argmax(t, dim=0),
+        lambda t, i: torch.argmax(t.t(), dim=-1),
+        lambda t, i: torch.argmax(t.half(), dim=-1),
+        lambda t, i: t == 0.5,
+        lambda t, i: i == 2**33,
+        lambda t, i: i.t() == 2,
+        lambda t, i: i.long()[:, ::2] == 1,
+    ]
+    for k, fn in enumerate(cases):
+        expected = fn(x, ids)
+        got = fn(x.to("neuron"), ids.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.shape == expected.shape and torch.equal(got, expected), k
+    with pytest.raises(IndexError, match="numel"):
+        torch.argmax(torch.empty(0, device="neuron")).cpu()
+    with pytest.raises(RuntimeError, match="does not support bool"):
+        torch.argmax(ids.to("neuron") > 2, dim=-1).cpu()
+    assert torch.equal(torch.argmax(x.to("neuron"), dim=-1).cpu(), torch.argmax(x, dim=-1))  # the runtime goes on
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_small_eq_of_integers_equals_the_cpu(mode, dtype):
+    info = torch.iinfo(dtype)
+    x = torch.tensor([[0, 1, -1, info.min, info.max, 0]], dtype=dtype)
+    for t in (x, x.view(-1), x[0, 0]):  # a 0-d tensor too: a decoding loop's step counter
+        for value in (0, 1, -1, info.min, info.max, True):
+            expected = t == value
+            got = (t.to("neuron") == value).cpu()
+            assert got.dtype == torch.bool and got.shape == expected.shape and torch.equal(got, expected), value
+
+
+def test_small_argmax_and_eq_run_where_they_apply_and_only_there():
+    logits = torch.randn(1, 99, device="neuron")
+    step = torch.tensor(3, device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: torch.argmax(logits, dim=-1)) == 1
+        assert runs(lambda: torch.argmax(logits)) == 0
+        assert runs(lambda: torch.argmax(logits, dim=0)) == 0
+        assert runs(lambda: step == 0) == 1
+        assert runs(lambda: logits == 0.5) == 0

@@ -105,7 +105,7 @@ def device_counters() -> dict[str, int]:
     ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state twist at a time: ATen's
     draws, faster), ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
     its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``, and a decoding loop's
-    small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``isin``, ``cat``,
-    ``index_select``, matmuls and layer norms run at once) and ``aliases_recycled`` (host
+    small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``argmax``, ``eq``,
+    ``isin``, ``cat``, ``index_select``, matmuls and layer norms run at once) and ``aliases_recycled`` (host
     aliases of the unboxed path re-pointed at a new tensor instead of made anew)."""
     return dict(_C.counters())

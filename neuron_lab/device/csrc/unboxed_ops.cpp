@@ -25,6 +25,7 @@
 #include "small_arange.h"
 #include "small_bitwise.h"
 #include "small_fill.h"
+#include "small_reduce_compare.h"
 #include "small_unary.h"
 #include "small_where.h"
 
@@ -503,6 +504,28 @@ struct AtOnceKernel<at::_ops::bitwise_not> {
   static constexpr bool exists = true;
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
     return small_bitwise_at_once(device, at::_ops::bitwise_not::name, Bitwise::Not, self, nullptr);
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::argmax> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, std::optional<int64_t> dim,
+                                       bool keepdim) {
+    const auto sizes = plan_small_argmax(self, dim, keepdim);
+    if (!sizes.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::argmax::name, *sizes, at::kLong,
+                            [&](const at::Tensor& out) { run_small_argmax(self, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::eq_Scalar> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& other) {
+    if (!small_eq_takes(self, other)) return std::nullopt;
+    return write_new_result(device, at::_ops::eq_Scalar::name, self.sizes(), at::kBool,
+                            [&](const at::Tensor& out) { run_small_eq(self, other, out); });
   }
 };
 
