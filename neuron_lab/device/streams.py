@@ -143,6 +143,7 @@ def num_streams(device: int) -> int:
 
 
 def stream_launches(device: int, stream_id: int) -> tuple[int, int]:
-    """(enqueued, completed) launches of one stream of a core, since start."""
+    """(enqueued, completed) launches of one stream of a core since start, ops a host thread
+    ran at once on it (counted as enqueued and completed together) included."""
     enqueued, completed = _C.stream_launches(int(device), int(stream_id))
     return int(enqueued), int(completed)

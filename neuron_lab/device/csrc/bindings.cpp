@@ -159,9 +159,11 @@ PYBIND11_MODULE(_C, m) {
         auto& s = neuron::stream_state(
             c10::Stream(c10::Stream::UNSAFE, c10::Device(neuron::kNeuron, static_cast<c10::DeviceIndex>(device)),
                         stream_id));
-        return py::make_tuple(neuron::stream_enqueued(s), neuron::stream_completed(s));
+        const uint64_t ran_inline = neuron::stream_ran_inline(s);
+        return py::make_tuple(neuron::stream_enqueued(s) + ran_inline, neuron::stream_completed(s) + ran_inline);
       },
-      py::arg("device"), py::arg("stream_id"), "(enqueued, completed) launches of one stream.");
+      py::arg("device"), py::arg("stream_id"),
+      "(enqueued, completed) launches of one stream, ops run at once on a host thread included.");
   m.def(
       "event_elapsed_time",
       [](py::handle start, py::handle end) {

@@ -46,6 +46,10 @@ struct StreamState {
   std::deque<Work> queue;
   std::atomic<uint64_t> enqueued{0};
   std::atomic<uint64_t> completed{0};
+  // Ops a host thread ran itself (LaunchScope): launches for the stream's counts, but not
+  // in the enqueued / completed sequence that events and waits compare, so a thread that
+  // runs one takes no lock and cannot interleave with another thread's enqueue.
+  std::atomic<uint64_t> ran_inline{0};
   std::atomic<int64_t> queued_ops{0};
   bool thread_started = false;
   // A launch is executing: on the device thread, or on a waiting host thread
@@ -393,6 +397,7 @@ bool device_quiet() {
 
 uint64_t stream_enqueued(const StreamState& s) { return s.enqueued.load(std::memory_order_acquire); }
 uint64_t stream_completed(const StreamState& s) { return s.completed.load(std::memory_order_acquire); }
+uint64_t stream_ran_inline(const StreamState& s) { return s.ran_inline.load(std::memory_order_relaxed); }
 c10::Stream stream_of(const StreamState& s) { return make_stream(s.device, s.id); }
 bool stream_idle(const StreamState& s) { return stream_completed(s) >= stream_enqueued(s); }
 
@@ -537,13 +542,7 @@ void synchronize_all(Reason reason) {
 LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced) : device_(device) {
   if (!synced) synchronize_device(device, Reason::InlineOp, name);
   stream_ = &stream_state(current_stream(device));
-  {
-    std::lock_guard<std::mutex> lock(stream_->mutex);
-    if (stream_->completed.load() == stream_->enqueued.load()) {
-      stream_->enqueued.fetch_add(1);
-      stream_->completed.fetch_add(1);
-    }
-  }
+  stream_->ran_inline.fetch_add(1, std::memory_order_relaxed);
   record_ = trace::new_launch("inline", name, device, stream_->id);
   if (record_) record_->source = trace::capture();
   start_ns_ = trace::now_ns();

@@ -80,6 +80,8 @@ StreamState& stream_state(c10::Stream stream);
 int64_t num_streams(c10::DeviceIndex index);
 uint64_t stream_enqueued(const StreamState& s);
 uint64_t stream_completed(const StreamState& s);
+// Ops run on the calling thread (LaunchScope), counted apart from the two above.
+uint64_t stream_ran_inline(const StreamState& s);
 c10::Stream stream_of(const StreamState& s);
 bool stream_idle(const StreamState& s);
 // True when no stream of any core has a launch queued or executing, nor an error
