@@ -6,6 +6,7 @@ ATen's kernel."""
 from __future__ import annotations
 
 import math
+import random
 import re
 import warnings
 
@@ -14,6 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import neuron_lab
+from elementwise_layouts import (ARITH, bits, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
+                                 with_unit_strides)
 from neuron_lab.device import trace
 
 
@@ -68,11 +71,6 @@ def test_inputs_the_fast_kernel_declines_still_equal_the_cpu(mode):
     assert got.dtype == torch.uint8 and torch.equal(got, as_bytes.all(-1))
     empty_rows = torch.ones(3, 0, dtype=torch.bool)
     assert torch.equal(torch.all(empty_rows.to("neuron"), -1).cpu(), empty_rows.all(-1))
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as integers, so that NaN payloads and the sign of zero count."""
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
 
 
 def special_floats(dtype: torch.dtype, n: int) -> torch.Tensor:
@@ -246,7 +244,6 @@ def test_isneginf_in_tiled_replay_equals_the_cpu():
 
 # ---- small add, sub and mul (small_arith.cpp) ------------------------------------------------
 
-ARITH = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
 
 
 def arith_operands(dtype: torch.dtype, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -383,6 +380,77 @@ def test_small_arith_in_replay_writes_over_dead_inputs_bit_for_bit():
             got = chain(a.to("neuron"), b.to("neuron"), c.to("neuron")).cpu()
             assert torch.equal(bits(got), bits(expected))
         assert trace.device_counters()["host_kernel_ops"] > kernels_before
+
+
+# ---- elementwise results of dense operands whose size-1 dims have other strides --------------
+
+def rotary_cases(dtype: torch.dtype) -> list[tuple[str, object, object]]:
+    """Operand pairs as a decoding step's rotary embedding makes them, and one-element operands
+    whose size-1 strides decide the result's dim order (TensorIterator sorts dims by stride
+    where the operands' shapes differ)."""
+    g = torch.Generator().manual_seed(11)
+
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g) * 4).to(dtype)
+
+    q = rand(1, 1, 4, 8).transpose(1, 2)  # [1, 4, 1, 8], strides (32, 8, 32, 1)
+    k2 = rand(2, 1, 2, 8).transpose(1, 2)  # batch 2: (16, 8, 16, 1)
+    cos = rand(1, 1, 8)[:, None]  # [1, 1, 1, 8]
+    rotated = rand(1, 4, 1, 8)
+    one = with_unit_strides(rand(1, 1, 1), {0: 3, 2: 32})
+    return [
+        ("q * cos", q, cos),
+        ("cos * q", cos, q),
+        ("q + rotated (same shape: row-major)", q, rotated),
+        ("q + q", q, q),
+        ("q * number", q, 2.0 if dtype.is_floating_point else 3),
+        ("k (batch 2) * cos", k2, cos),
+        ("k (batch 2) * per-batch cos (declined: not a trailing block)", k2, rand(2, 1, 1, 8)),
+        ("q * bias block", q, rand(8)),
+        ("odd one-element * column", one, rand(4, 1)),
+        ("column - odd one-element", rand(4, 1), one),
+        ("odd one-element + odd one-element", one, with_unit_strides(rand(1, 1), {0: 5})),
+    ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_small_arith_of_dense_operands_with_unit_dim_strides_equals_the_cpu(mode, dtype):
+    """The kernel takes dense operands whose size-1 dims have any stride, and gives ATen's
+    result strides: row-major where the operands' shapes match, else those of TensorIterator's
+    dim order, which such strides change (q * cos keeps q's stride on its length-1 dim)."""
+    for name, x, y in rotary_cases(dtype):
+        for op_name, op in ARITH.items():
+            expected = op(x, y)
+            for _ in range(3):  # at once or recorded, then replayed
+                got = op(same_layout_on_device(x), same_layout_on_device(y)).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, op_name)
+                assert got.stride() == expected.stride(), (name, op_name, got.stride(), expected.stride())
+                assert torch.equal(bits(got), bits(expected)), (name, op_name)
+
+
+def test_small_arith_of_dense_operands_with_unit_dim_strides_runs_the_kernel():
+    for mode in ("blocking", "eager"):
+        with neuron_lab.mode(mode):
+            for name, x, y in rotary_cases(torch.float32):
+                x, y = same_layout_on_device(x), same_layout_on_device(y)
+                assert runs(lambda: x * y) == (0 if "declined" in name else 1), (mode, name)
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
+def test_elementwise_kernels_give_atens_result_strides_on_a_random_sweep(mode):
+    """add, sub, mul, where, & and | of random small operands, against the CPU: the bits, and
+    the strides, which a one-element operand's own size-1 strides can decide (a kernel that
+    made every result row-major gave wrong strides there). CI runs 150 calls a mode;
+    scripts/sweep_elementwise_layouts.py runs thousands."""
+    rng = random.Random(7)
+    taken = 0
+    with neuron_lab.mode(mode):
+        for i in range(150):
+            outcome = check_elementwise_case(*elementwise_sweep_case(rng))
+            assert outcome.problem is None, (i, outcome.problem)
+            taken += outcome.kernel_ran
+    if mode == "blocking":
+        assert taken >= 75, taken  # the sweep exercises the kernels, not only ATen's
 
 
 # ---- cat of small row-major tensors (dense_cat.cpp) -------------------------------------------

@@ -55,19 +55,70 @@ inline std::optional<c10::SmallVector<int64_t, 6>> broadcast(c10::IntArrayRef a,
   return sizes;
 }
 
+// Row-major strides save those of size-1 dims, which address nothing (is_contiguous()'s
+// rule): the elements lie in memory in row-major order, densely. A transposed query of one
+// token ([1, heads, 1, dim], strides [heads * dim, dim, heads * dim, 1]) is such a tensor.
+inline bool dense_row_major(const at::Tensor& t) {
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    const int64_t size = t.size(d);
+    if (size == 1) continue;
+    if (t.stride(d) != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// The strides of a new row-major tensor of `sizes`.
+inline c10::SmallVector<int64_t, 6> row_major_strides(c10::IntArrayRef sizes) {
+  c10::SmallVector<int64_t, 6> strides(sizes.size());
+  int64_t contiguous = 1;
+  for (int64_t d = static_cast<int64_t>(sizes.size()) - 1; d >= 0; --d) {
+    strides[d] = contiguous;
+    contiguous *= std::max<int64_t>(sizes[d], 1);
+  }
+  return strides;
+}
+
+// Which operands a kernel reads as row-major memory (the result's layout follows from it).
+enum class Order : uint8_t {
+  RowMajor,       // row_major(): results row-major too
+  DenseRowMajor,  // dense_row_major(): results laid out by elementwise_result_strides()
+};
+
 // How often t repeats over a result of `sizes` (numel elements): numel when it is as big,
 // 1 for one element, its own numel when it is a block of the result's trailing dims; 0 when
 // a kernel cannot read it so. Operands read so, and a contiguous result, are the layout
-// ATen's TensorIterator gives an elementwise op of them.
-inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel) {
+// ATen's TensorIterator gives an elementwise op of them (for Order::RowMajor operands).
+inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel, Order order = Order::RowMajor) {
   const int64_t n = t.numel();
   if (n == 1) return 1;
-  if (!row_major(t)) return 0;
+  if (!(order == Order::RowMajor ? row_major(t) : dense_row_major(t))) return 0;
   if (n == numel) return n;  // it broadcasts to the result with no dim repeated: the same order
   c10::IntArrayRef own = t.sizes();
   while (!own.empty() && own.front() == 1) own = own.slice(1);
   if (own.size() > sizes.size() || sizes.slice(sizes.size() - own.size()) != own) return 0;
   return n;
 }
+
+// TensorIterator's reorder_dimensions: the dims of an iteration over `sizes`, innermost
+// first, ordered by the operands' strides. `strides[i]` holds operand i's strides in bytes
+// against `sizes`, 0 where it broadcasts. An insertion sort from the last dim: for each pair
+// the first operand whose strides there differ decides, one with a zero stride says nothing,
+// and of equal strides the larger dim goes outside.
+c10::SmallVector<int64_t, 6> iteration_order(c10::IntArrayRef sizes,
+                                             c10::ArrayRef<c10::SmallVector<int64_t, 6>> strides);
+
+// The strides of a new result of `sizes` laid out contiguously in `order` (innermost first):
+// what TensorIterator allocates for an output of that iteration order.
+c10::SmallVector<int64_t, 6> contiguous_in_order(c10::IntArrayRef sizes, c10::IntArrayRef order);
+
+// The strides ATen's TensorIterator gives the new result of an elementwise op of
+// `operands` (each dense_row_major, or of one element) broadcast to `sizes`: row-major when
+// every operand has the result's shape and is contiguous (its fast setup) or all are
+// row_major, else contiguous in iteration_order() (a one-element operand's strides count). Operands read as dense memory can only move size-1 dims, so the
+// elements still lie in row-major order; nullopt where they would not (never, but checked).
+std::optional<c10::SmallVector<int64_t, 6>> elementwise_result_strides(
+    c10::IntArrayRef sizes, std::initializer_list<const at::Tensor*> operands);
 
 }  // namespace neuron

@@ -13,6 +13,7 @@
 // broadcasting beyond a per-row condition, an out= of the result's exact shape that overlaps
 // no input, or where's out= over its full-size input exactly); anything else runs ATen's
 // kernel, with ATen's semantics, warnings and errors.
+#include "dense_layout.h"
 #include "runtime.h"
 #include "small_arith.h"
 #include "vector_clones.h"
@@ -20,6 +21,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/util/bit_cast.h>
 
@@ -37,15 +39,19 @@ using Sizes = c10::SmallVector<int64_t, 6>;
 
 // ---- the result of a functional op, or its out= twin -----------------------------------
 
-// A new contiguous tensor for a functional op; for an out= op, the caller's out, when it
+// A new tensor for a functional op (of `strides` where given, else contiguous); for an
+// out= op, the caller's out, when it
 // already is what ATen would make it (an out= that must be resized or cast, or that shares
 // memory with an input, declines: ATen's kernel resizes, casts, warns or raises). An
 // elementwise kernel may also write over `same_as`, an input of the result's exact layout
 // (a recorded graph places a result in the memory of an input that dies with the op).
 std::optional<at::Tensor> result_tensor(const c10::IValue* out_arg, c10::IntArrayRef sizes, at::ScalarType dtype,
                                         std::initializer_list<const at::Tensor*> inputs,
-                                        const at::Tensor* same_as = nullptr) {
-  if (out_arg == nullptr) return at::empty(sizes, at::TensorOptions().dtype(dtype).device(c10::kCPU));
+                                        const at::Tensor* same_as = nullptr, c10::IntArrayRef strides = {}) {
+  if (out_arg == nullptr) {
+    const auto options = at::TensorOptions().dtype(dtype).device(c10::kCPU);
+    return strides.size() == sizes.size() ? at::empty_strided(sizes, strides, options) : at::empty(sizes, options);
+  }
   if (!out_arg->isTensor()) return std::nullopt;
   const at::Tensor& out = out_arg->toTensor();
   if (!out.defined() || out.device().type() != c10::DeviceType::CPU || out.scalar_type() != dtype ||
@@ -171,7 +177,10 @@ bool try_where_rows(const c10::IValue* args, const c10::IValue* out_arg, torch::
       cond.sizes().slice(0, cond.dim() - 1) != full.sizes().slice(0, full.dim() - 1)) {
     return false;
   }
-  auto result = result_tensor(out_arg, full.sizes(), full.scalar_type(), {&cond, &a, &b}, &full);
+  // A new result takes TensorIterator's strides: full's size-1 dims may move them.
+  const auto strides = elementwise_result_strides(full.sizes(), {&cond, &a, &b});
+  if (!strides.has_value()) return false;
+  auto result = result_tensor(out_arg, full.sizes(), full.scalar_type(), {&cond, &a, &b}, &full, *strides);
   if (!result.has_value()) return false;
   const auto* rows_true = static_cast<const bool*>(cond.const_data_ptr());
   const auto* src = static_cast<const char*>(full.const_data_ptr());
@@ -213,7 +222,7 @@ bool try_small_arith(const c10::IValue* args, const c10::IValue* out_arg, torch:
       if (operand->const_data_ptr() == out_arg->toTensor().const_data_ptr()) same_as = operand;
     }
   }
-  auto result = result_tensor(out_arg, plan->sizes, plan->dtype, {&self, &other}, same_as);
+  auto result = result_tensor(out_arg, plan->sizes, plan->dtype, {&self, &other}, same_as, plan->strides);
   if (!result.has_value()) return false;
   run_small_arith(op, *plan, self, other, *result);
   return finish(stack, n, std::move(*result));

@@ -10,8 +10,12 @@
 //   - alpha 1 (with another alpha ATen multiplies first, and may fuse that into an FMA);
 //   - one dtype, float, double, int32 or int64, for both operands, or a Python number of
 //     the tensor's kind (an int anywhere, a float with a float tensor), cast as ATen casts it;
-//   - each operand dense with row-major strides, or of one element, or a block that the
-//     other repeats (a bias [32] against [1, 1, 32]); no conjugate, negative or zero tensors;
+//   - each operand dense in row-major order (the strides of its size-1 dims aside: a
+//     transposed query of one token), or of one element, or a block that the other repeats
+//     (a bias [32] against [1, 1, 32]); no conjugate, negative or zero tensors. The result
+//     has the strides ATen's TensorIterator gives it (dense_layout.h's
+//     elementwise_result_strides), which for such operands differ from row-major's only in
+//     size-1 dims;
 //   - 1 to GRAIN_SIZE elements (ATen splits larger ones over threads).
 // Anything else is left to ATen's kernel, with its semantics, warnings and errors. Tensors
 // may be of any device whose memory the host addresses (the caller makes neuron memory ready).
@@ -28,11 +32,12 @@ namespace neuron {
 
 enum class Arith : uint8_t { Add, Sub, Mul };
 
-// How one call runs: the result's sizes and dtype, and how often each operand repeats
-// over the result's `numel` elements (numel: as big as the result; 1: one element; else
-// a trailing block of that many elements).
+// How one call runs: the result's sizes, strides and dtype, and how often each operand
+// repeats over the result's `numel` elements (numel: as big as the result; 1: one element;
+// else a trailing block of that many elements).
 struct SmallArith {
   c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;  // ATen's for a new result
   at::ScalarType dtype;
   int64_t numel;
   int64_t self_period;
@@ -44,8 +49,9 @@ struct SmallArith {
 std::optional<SmallArith> plan_small_arith(const at::Tensor& self, const at::Tensor& other,
                                            const c10::Scalar& alpha);
 
-// Writes `self op other` into `out`: `plan.numel` contiguous elements of `plan.dtype`,
-// which may be the memory of an operand as big as the result (never part of one).
+// Writes `self op other` into `out`: `plan.numel` elements of `plan.dtype` in row-major
+// order (a contiguous out, the size-1 dims' strides aside), which may be the memory of an
+// operand as big as the result (never part of one).
 void run_small_arith(Arith op, const SmallArith& plan, const at::Tensor& self, const at::Tensor& other,
                      const at::Tensor& out);
 

@@ -3,9 +3,10 @@
 // A decoding loop's stopping criteria combine [1] bool masks with | and ~ every step. These
 // have one answer however computed: ATen's bool kernels are a && b, a || b and !a, its
 // integer ones &, | and ~. The kernel takes bool, int32 or int64 operands of one dtype (no
-// promotion, no Python numbers), each dense and row-major, or one element, or a block of the
-// result's trailing dims that the other repeats, 1 to GRAIN_SIZE elements; anything else is
-// left to ATen's kernel.
+// promotion, no Python numbers), each dense in row-major order (its size-1 dims' strides
+// aside), or one element, or a block of the result's trailing dims that the other repeats,
+// 1 to GRAIN_SIZE elements, the result of TensorIterator's strides (elementwise_result_strides);
+// anything else is left to ATen's kernel.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,7 @@ enum class Bitwise : uint8_t { And, Or, Not };
 // operand repeats over it (dense_layout.h's period(); other's is 0 for not).
 struct SmallBitwise {
   c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;  // ATen's for a new result
   at::ScalarType dtype;
   int64_t numel;
   int64_t self_period;
@@ -32,7 +34,8 @@ struct SmallBitwise {
 // when the small kernel does not take them.
 std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at::Tensor* other);
 
-// Writes the result into `out`: plan.numel contiguous elements of plan.dtype, memory of its own.
+// Writes the result into `out`: plan.numel elements of plan.dtype in row-major order (a
+// contiguous out, the size-1 dims' strides aside), memory of its own.
 void run_small_bitwise(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
                        const at::Tensor& out);
 

@@ -86,37 +86,15 @@ std::optional<c10::SmallVector<int64_t, 6>> strides_by_input_order(const at::Ten
   for (int64_t d = 0; d < nd; ++d) {
     if (strides[d] <= 0 && sizes[d] > 1) return std::nullopt;
   }
-  // 1 when dim a goes outside dim b, -1 when inside, 0 when the strides do not say.
-  const auto should_swap = [&](int64_t a, int64_t b) {
-    if (strides[a] == 0 || strides[b] == 0) return 0;
-    if (strides[a] != strides[b]) return strides[a] < strides[b] ? -1 : 1;
-    return sizes[a] > sizes[b] ? 1 : 0;
-  };
-  c10::SmallVector<int64_t, 6> perm(nd);  // perm[0]: the innermost dim
-  for (int64_t i = 0; i < nd; ++i) perm[i] = nd - 1 - i;
-  for (int64_t i = 1; i < nd; ++i) {
-    int64_t moving = i;
-    for (int64_t j = i - 1; j >= 0; --j) {
-      const int comparison = should_swap(perm[j], perm[moving]);
-      if (comparison > 0) {
-        std::swap(perm[j], perm[moving]);
-        moving = j;
-      } else if (comparison < 0) {
-        break;
-      }
-    }
-  }
-  c10::SmallVector<int64_t, 6> result(nd);
-  int64_t contiguous = 1;
+  const c10::SmallVector<int64_t, 6> own(strides.begin(), strides.end());
+  const auto perm = iteration_order(sizes, {own});  // perm[0]: the innermost dim
   int64_t extent = 1;  // elements of self spanned by the dims inside this one
   for (int64_t d : perm) {
-    result[d] = contiguous;
-    contiguous *= sizes[d];
     if (sizes[d] == 1) continue;
     if (strides[d] < extent) return std::nullopt;  // overlaps the dims inside it
     extent = strides[d] * (sizes[d] - 1) + 1;
   }
-  return result;
+  return contiguous_in_order(sizes, perm);
 }
 
 }  // namespace

@@ -5,9 +5,10 @@
 // bits however the loop is written, so a plain loop gives ATen's results exactly. The
 // kernel takes what keeps the result's dtype and layout ATen's: a bool condition; self and
 // other of one dtype (no promotion; no Python numbers, whose dtype ATen promotes by its own
-// rule; no complex); each operand dense and row-major, or one element, or a block of the
-// result's trailing dims that the others repeat; 1 to GRAIN_SIZE elements. Anything else is
-// left to ATen's kernel, with its semantics, warnings and errors.
+// rule; no complex); each operand dense in row-major order (its size-1 dims' strides aside),
+// or one element, or a block of the result's trailing dims that the others repeat; 1 to
+// GRAIN_SIZE elements. The result has TensorIterator's strides (elementwise_result_strides).
+// Anything else is left to ATen's kernel, with its semantics, warnings and errors.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,7 @@ namespace neuron {
 // repeats over it (dense_layout.h's period()).
 struct SmallWhere {
   c10::SmallVector<int64_t, 6> sizes;
+  c10::SmallVector<int64_t, 6> strides;  // ATen's for a new result
   at::ScalarType dtype;
   int64_t numel;
   int64_t condition_period;
@@ -33,8 +35,8 @@ struct SmallWhere {
 std::optional<SmallWhere> plan_small_where(const at::Tensor& condition, const at::Tensor& self,
                                            const at::Tensor& other);
 
-// Writes the selection into `out`: plan.numel contiguous elements of plan.dtype, memory of
-// its own (no operand's).
+// Writes the selection into `out`: plan.numel elements of plan.dtype in row-major order (a
+// contiguous out, the size-1 dims' strides aside), memory of its own (no operand's).
 void run_small_where(const SmallWhere& plan, const at::Tensor& condition, const at::Tensor& self,
                      const at::Tensor& other, const at::Tensor& out);
 

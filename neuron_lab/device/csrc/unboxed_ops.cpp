@@ -45,6 +45,7 @@
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -341,6 +342,9 @@ struct AtOnceKernel {
 at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
   return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
 }
+at::Tensor new_result(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype) {
+  return at::detail::empty_strided_generic(sizes, strides, allocator(), kNeuronKeys, dtype);
+}
 
 // Runs `make` (which makes and writes the results) as an op run at once on `device`: a
 // launch for the profiler, counted as a host kernel's op.
@@ -363,13 +367,23 @@ at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntA
     return out;
   });
 }
+// The same, of the given strides.
+template <class Write>
+at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes,
+                            c10::IntArrayRef strides, at::ScalarType dtype, Write&& write) {
+  return run_host_kernel_at_once(device, name, [&] {
+    at::Tensor out = new_result(sizes, strides, dtype);
+    write(out);
+    return out;
+  });
+}
 
 template <Arith op>
 std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const char* name, const at::Tensor& self,
                                               const at::Tensor& other, const c10::Scalar& alpha = 1) {
   const auto plan = plan_small_arith(self, other, alpha);
   if (!plan.has_value()) return std::nullopt;
-  return write_new_result(device, name, plan->sizes, plan->dtype,
+  return write_new_result(device, name, plan->sizes, plan->strides, plan->dtype,
                           [&](const at::Tensor& out) { run_small_arith(op, *plan, self, other, out); });
 }
 
@@ -391,12 +405,8 @@ std::optional<at::Tensor> small_unary_at_once(c10::DeviceIndex device, const cha
                                               const at::Tensor& self) {
   const auto strides = plan_small_unary(self);
   if (!strides.has_value()) return std::nullopt;
-  return run_host_kernel_at_once(device, name, [&] {
-    at::Tensor out = at::detail::empty_strided_generic(self.sizes(), *strides, allocator(), kNeuronKeys,
-                                                       self.scalar_type());
-    run_small_unary(op, self, out);
-    return out;
-  });
+  return write_new_result(device, name, self.sizes(), *strides, self.scalar_type(),
+                          [&](const at::Tensor& out) { run_small_unary(op, self, out); });
 }
 
 #define NEURON_SMALL_UNARY(op_struct, unary)                                                   \
@@ -439,7 +449,7 @@ struct AtOnceKernel<at::_ops::where_self> {
                                        const at::Tensor& other) {
     const auto plan = plan_small_where(condition, self, other);
     if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::where_self::name, plan->sizes, plan->dtype,
+    return write_new_result(device, at::_ops::where_self::name, plan->sizes, plan->strides, plan->dtype,
                             [&](const at::Tensor& out) { run_small_where(*plan, condition, self, other, out); });
   }
 };
@@ -482,7 +492,7 @@ std::optional<at::Tensor> small_bitwise_at_once(c10::DeviceIndex device, const c
                                                 const at::Tensor& self, const at::Tensor* other) {
   const auto plan = plan_small_bitwise(self, other);
   if (!plan.has_value()) return std::nullopt;
-  return write_new_result(device, name, plan->sizes, plan->dtype,
+  return write_new_result(device, name, plan->sizes, plan->strides, plan->dtype,
                           [&](const at::Tensor& out) { run_small_bitwise(op, *plan, self, other, out); });
 }
 
@@ -716,7 +726,7 @@ std::optional<at::Tensor> empty_small_arith_result(const at::Tensor& self, const
   if (on_device.device().type() != kNeuron) return std::nullopt;
   const auto plan = plan_small_arith(self, other, alpha);
   if (!plan.has_value()) return std::nullopt;
-  return at::empty(plan->sizes, on_device.options().dtype(plan->dtype));
+  return at::empty_strided(plan->sizes, plan->strides, on_device.options().dtype(plan->dtype));
 }
 
 // The out= call with that result, when there is one ([alpha] for add and sub, none for mul).
