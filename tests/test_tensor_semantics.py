@@ -140,3 +140,48 @@ def test_kernels_match_the_cpu_exactly_where_pytorch_would_decompose() -> None:
         out_n.sum().backward()
         out_c.sum().backward()
         assert torch.equal(qn.grad.cpu(), qc.grad)
+
+
+def test_attention_backend_choice_equals_the_cpus() -> None:
+    """SDPA picks its backend with _fused_sdp_choice; the device answers with the CPU's
+    choice for the same metadata (the fused CPU kernel then runs on device memory), which
+    depends on dtypes, shapes, strides, dropout, the mask and requires_grad."""
+    choice = torch.ops.aten._fused_sdp_choice
+    g = torch.Generator().manual_seed(4)
+
+    def qkv(batch=1, heads=4, length=6, dim=8, kv_heads=None, dtype=torch.float32):
+        kv = kv_heads or heads
+        return (torch.randn(batch, heads, length, dim, generator=g).to(dtype),
+                torch.randn(batch, kv, length + 3, dim, generator=g).to(dtype),
+                torch.randn(batch, kv, length + 3, dim, generator=g).to(dtype))
+
+    q, k, v = qkv()
+    cases = [
+        ("plain", (q, k, v), {}),
+        ("one query token", qkv(length=1), {}),
+        ("causal", (q, k, v), {"is_causal": True}),
+        ("dropout", (q, k, v), {"dropout_p": 0.1}),
+        ("bool mask", (q, k, v), {"attn_mask": torch.rand(1, 1, 6, 9, generator=g) < 0.8}),
+        ("float mask", (q, k, v), {"attn_mask": torch.randn(1, 4, 6, 9, generator=g)}),
+        ("mask that needs a gradient", (q, k, v), {"attn_mask": torch.randn(1, 4, 6, 9, generator=g).requires_grad_()}),
+        ("query that needs a gradient", (q.clone().requires_grad_(), k, v), {}),
+        ("scale", (q, k, v), {"scale": 0.3}),
+        ("grouped-query heads", qkv(kv_heads=2), {"enable_gqa": True}),
+        ("transposed query", (q.transpose(1, 2).contiguous().transpose(1, 2), k, v), {}),
+        ("last dim strided", (q[..., ::2], k[..., ::2], v[..., ::2]), {}),
+        ("float64", qkv(dtype=torch.float64), {}),
+        ("bfloat16", qkv(dtype=torch.bfloat16), {}),
+        ("3-d", (q[0], k[0], v[0]), {}),
+    ]
+
+    def same_on_device(t):  # strides and requires_grad as on the CPU
+        if not isinstance(t, torch.Tensor):
+            return t
+        d = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="neuron").copy_(t.detach())
+        assert d.stride() == t.stride()
+        return d.requires_grad_(t.requires_grad)
+
+    for name, (cq, ck, cv), kwargs in cases:
+        on_device = {key: same_on_device(value) for key, value in kwargs.items()}
+        dq, dk, dv = (same_on_device(t) for t in (cq, ck, cv))
+        assert choice(dq, dk, dv, **on_device) == choice(cq, ck, cv, **kwargs), name
