@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import neuron_lab
+
 
 def test_views_share_storage_and_update_base() -> None:
     x = torch.zeros(3, 4, device="neuron")
@@ -185,3 +187,25 @@ def test_attention_backend_choice_equals_the_cpus() -> None:
         on_device = {key: same_on_device(value) for key, value in kwargs.items()}
         dq, dk, dv = (same_on_device(t) for t in (cq, ck, cv))
         assert choice(dq, dk, dv, **on_device) == choice(cq, ck, cv, **kwargs), name
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
+def test_item_reads_each_dtype_as_the_cpu_and_raises_its_errors(mode) -> None:
+    """item() (_local_scalar_dense) reads one element after the launches that write it, in
+    every dtype, as the CPU does; a tensor of several elements raises the CPU's error and the
+    runtime goes on."""
+    values = [torch.tensor(True), torch.tensor(-7, dtype=torch.int8), torch.tensor(2**40 + 3),
+              torch.tensor(1.0e-3, dtype=torch.float16), torch.tensor(3.140625, dtype=torch.bfloat16),
+              torch.tensor(float("nan")), torch.tensor(-0.0, dtype=torch.float64), torch.tensor(1.5 - 2j)]
+    with neuron_lab.mode(mode):
+        for v in values:
+            on_device = v.neuron()
+            got = (on_device * 1).item() if v.dtype != torch.bool else (on_device & True).item()
+            want = (v * 1).item() if v.dtype != torch.bool else (v & True).item()
+            assert type(got) is type(want) and str(got) == str(want), (v.dtype, got, want)
+        x = torch.arange(6.0, device="neuron")
+        pending = (x * 2)[4:5]  # recorded in adaptive mode: item() launches it first
+        assert pending.item() == 8.0
+        with pytest.raises(RuntimeError, match="a Tensor with 6 elements cannot be converted to Scalar"):
+            x.item()
+        assert x.sum().item() == 15.0

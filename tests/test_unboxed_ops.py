@@ -55,6 +55,9 @@ CASES = {
     "softmax": (lambda a: a.softmax(-1) + a.softmax(0), (_a(6, 9),)),
     "sum_mean": (lambda a: a.sum(-1) + a.mean(0), (_a(5, 5),)),
     "argmax": (lambda a: a.argmax(-1), (_a(4, 9),)),
+    "cos_sin": (lambda a: a.cos() * 3 + a.sin(), (_a(1, 1, 37),)),  # a rotary table's: Sleef's vector loop and tail
+    "any_rows": (lambda a: (a > 1).any(-1) | (a < -1).any(1, keepdim=True).squeeze(1), (_a(4, 6),)),
+    "max_all": (lambda a, i: a.max() + i.max(), (_a(3, 7), torch.tensor([[4, -2, 9]]))),
     "index_select": (lambda a: a.index_select(0, torch.tensor([2, 0, 2], device=a.device)), (_a(4, 3),)),
     "embedding": (lambda w, i: F.embedding(i, w), (_a(10, 4), torch.tensor([[1, 9], [0, 1]]))),
     "isin": (lambda a, b: torch.isin(a, b), (torch.arange(10), torch.tensor([3, 7, 11]))),

@@ -9,6 +9,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_local_scalar_dense_ops.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
@@ -166,6 +167,29 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   dst.resize_(self.sizes());
   return copy_from(self, dst, false);
+}
+
+// ---- item(): one element read by the host -----------------------------------------
+
+// The boxed fallback's steps for a host read (the runtime's say first, a wait for what
+// writes the tensor, one inline launch, the CPU's kernel), without boxing the call or
+// making a host alias: generate() reads a value back every token.
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::_local_scalar_dense", "");
+  torch::jit::Stack stack{self};
+  TORCH_INTERNAL_ASSERT(!interceptor().try_record(op, &stack), "neuron: item() cannot be recorded");
+  interceptor().before_host_access({self}, Reason::HostRead, op.schema().name());
+  interceptor().check_readable(self);
+  c10::Scalar value;
+  {
+    c10::DeviceGuard guard(self.device());
+    LaunchScope launch(self.device().index(), op.schema().name().c_str(), /*synced=*/true);
+    // ATen's CPU kernel reads the element through the data pointer: host memory.
+    value = at::_ops::_local_scalar_dense::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self);
+  }
+  op_counters().fallback_ops += 1;
+  interceptor().after_inline_run(op, stack);
+  return value;
 }
 
 // ---- views: metadata only, never a copy -----------------------------------------
@@ -448,6 +472,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // SDPA asks through the stub below; a direct call (a dispatch mode, a tracer, a user)
   // would otherwise take the fallback, whose host aliases drop requires_grad.
   m.impl("_fused_sdp_choice", TORCH_FN(sdp_choice));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   for (const char* name : {"transpose_", "t_", "squeeze_", "squeeze_.dim", "squeeze_.dims", "unsqueeze_",
                            "as_strided_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&sync_then_change_metadata>());

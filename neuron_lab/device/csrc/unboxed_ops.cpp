@@ -35,6 +35,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/add_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/any_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/addmm_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/argmax_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/baddbmm_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -43,6 +44,7 @@
 #include <ATen/ops/bitwise_or_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/cos_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -57,6 +59,7 @@
 #include <ATen/ops/pow_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/rsqrt_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sigmoid_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sin_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/silu_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -65,6 +68,7 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/any_ops.h>
 #include <ATen/ops/arange_ops.h>
 #include <ATen/ops/argmax_ops.h>
 #include <ATen/ops/baddbmm_ops.h>
@@ -73,6 +77,7 @@
 #include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/cos_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
@@ -80,6 +85,7 @@
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/isin_ops.h>
+#include <ATen/ops/max_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
@@ -89,6 +95,7 @@
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
 #include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sin_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/tanh_ops.h>
@@ -792,6 +799,9 @@ NEURON_STRUCTURED(bitwise_and_Tensor, bitwise_and)
 NEURON_STRUCTURED(bitwise_not, bitwise_not)
 NEURON_STRUCTURED(isin_Tensor_Tensor, isin)
 NEURON_STRUCTURED(cat, cat)
+NEURON_STRUCTURED(cos, cos)
+NEURON_STRUCTURED(sin, sin)
+NEURON_STRUCTURED(any_dim, any)
 #undef NEURON_STRUCTURED
 
 }  // namespace
@@ -805,8 +815,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                ops::pow_Tensor_Scalar_out, ops::pow_Tensor_Tensor_out, ops::neg_out, ops::exp_out, ops::rsqrt_out,
                ops::addmm_out, ops::mm_out, ops::bmm_out, ops::baddbmm_out,  // matmuls
                ops::tanh_out, ops::gelu_out, ops::silu_out, ops::sigmoid_out, ops::_softmax_out,  // activations
+               ops::cos_out, ops::sin_out,  // rotary embeddings' tables, every decode step
                ops::native_layer_norm, ops::_scaled_dot_product_flash_attention_for_cpu,
-               ops::sum_IntList_out, ops::mean_out, ops::argmax_out,  // reductions
+               ops::sum_IntList_out, ops::mean_out, ops::argmax_out, ops::any_out, ops::max,  // reductions
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
                ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
@@ -816,7 +827,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
         register_neg, register_exp, register_rsqrt, register_addmm, register_mm, register_bmm, register_baddbmm,
         register_tanh, register_gelu, register_silu, register_sigmoid, register__softmax, register_sum_dim_IntList,
         register_mean_dim, register_argmax, register_eq_Scalar, register_eq_Tensor, register_bitwise_or_Tensor,
-        register_bitwise_and_Tensor, register_bitwise_not, register_isin_Tensor_Tensor, register_cat}) {
+        register_bitwise_and_Tensor, register_bitwise_not, register_isin_Tensor_Tensor, register_cat, register_cos,
+        register_sin, register_any_dim}) {
     register_op(m);
   }
 }
