@@ -73,7 +73,9 @@ def elementwise_sweep_case(rng: random.Random) -> tuple[str, Callable, list]:
     else:
         dtype = rng.choice([torch.float32, torch.float64, torch.int32, torch.int64])
         fn = ARITH[op]
-    other = partner(shape, dtype) if rng.random() < 0.8 else (2.5 if dtype.is_floating_point else 3)
+    # & and | of an integer and a bool: ATen promotes the bool
+    other_dtype = torch.bool if op in ("and", "or") and dtype != torch.bool and rng.random() < 0.3 else dtype
+    other = partner(shape, other_dtype) if rng.random() < 0.8 else (2.5 if dtype.is_floating_point else 3)
     args = [dense(shape, dtype), other]
     if rng.random() < 0.5:
         args.reverse()

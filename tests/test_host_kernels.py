@@ -1160,14 +1160,14 @@ def test_small_bitwise_equals_the_cpu(mode, dtype):
 
 
 def test_small_bitwise_inputs_it_declines_still_equal_the_cpu(mode):
-    """Promotion (int64 with bool), Python numbers, strided operands, other dtypes and more
+    """Promotion (int64 with int32), Python numbers, strided operands, other dtypes and more
     than GRAIN_SIZE elements run ATen's kernel; float operands raise ATen's error."""
     g = torch.Generator().manual_seed(12)
     ids = torch.randint(0, 9, (4, 6), generator=g)
     mask = torch.rand(4, 6, generator=g) > 0.5
     big = torch.rand(40000, generator=g) > 0.5
     cases = [
-        lambda i, m: i & m,
+        lambda i, m: i & i.int(),
         lambda i, m: i | 3,
         lambda i, m: m.t() | m.t(),
         lambda i, m: ~i.to(torch.uint8),
@@ -1191,7 +1191,8 @@ def test_small_bitwise_runs_where_it_applies_and_only_there():
         assert runs(lambda: done | done) == 1
         assert runs(lambda: ~done) == 1
         assert runs(lambda: ids & ids) == 1
-        assert runs(lambda: ids & done) == 0  # promotion
+        assert runs(lambda: ids & done) == 1  # an integer and a bool: the bool promoted
+        assert runs(lambda: ids & ids.int()) == 0  # two integer dtypes: ATen's promotion
         assert runs(lambda: ~torch.zeros(4, 4, dtype=torch.bool, device="neuron").t()[::2]) == 0
 
 
@@ -1269,3 +1270,78 @@ def test_small_argmax_and_eq_run_where_they_apply_and_only_there():
         assert runs(lambda: torch.argmax(logits, dim=0)) == 0
         assert runs(lambda: step == 0) == 1
         assert runs(lambda: logits == 0.5) == 0
+
+
+# ---- the stopping criteria: any over rows, max, an int64 & a bool (small_reduce_compare.cpp,
+# small_bitwise.cpp) ---------------------------------------------------------------------------
+
+
+def test_small_any_over_rows_and_max_equal_the_cpu(mode):
+    """generate()'s stopping criteria every step: any over a row of bool flags (keepdim either
+    way, rows all false, all true, mixed, non-0/1 bytes read as true) and max of all elements
+    of bool and integer tensors (their extremes)."""
+    g = torch.Generator().manual_seed(8)
+    flags = [torch.zeros(1, 1, dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool),
+             torch.rand(4, 7, generator=g) < 0.1, torch.rand(2, 3, 33, generator=g) < 0.02, torch.zeros(5, dtype=torch.bool),
+             torch.tensor([0, 2, 0, 255], dtype=torch.uint8).view(torch.bool).view(2, 2)]
+    for x in flags:
+        for keepdim in (False, True):
+            expected = x.any(-1, keepdim=keepdim)
+            got = x.to("neuron").any(-1, keepdim=keepdim).cpu()
+            assert got.dtype == expected.dtype and got.shape == expected.shape and got.stride() == expected.stride()
+            assert torch.equal(got, expected), (x, keepdim)
+    for dtype in (torch.int32, torch.int64):
+        info = torch.iinfo(dtype)
+        for values in ([[1]], [info.min, info.min], [[3, info.max, -1], [info.min, 0, 2]], [-5, -9]):
+            x = torch.tensor(values, dtype=dtype)
+            got = x.to("neuron").max().cpu()
+            assert got.dtype == dtype and got.shape == () and torch.equal(got, x.max()), values
+    for x in flags[:5]:
+        assert torch.equal(x.to("neuron").max().cpu(), x.max())
+
+
+def test_small_any_and_max_inputs_they_decline_still_equal_the_cpu(mode):
+    """any of other dims, of floats (NaN counts as true), of uint8 (ATen's uint8 result) and of
+    strided rows; max of floats (NaN, signed zeros) and strided tensors; max's error for an
+    empty tensor, with the runtime going on."""
+    x = torch.tensor([[0.0, float("nan")], [-0.0, 0.0]])
+    flags = torch.tensor([[True, False, False], [False, False, True]])
+    cases = [
+        lambda t, f: f.any(0), lambda t, f: t.any(-1), lambda t, f: f.to(torch.uint8).any(-1),
+        lambda t, f: f.t().any(-1), lambda t, f: t.max(), lambda t, f: t[1].max(), lambda t, f: f.long().t().max(),
+    ]
+    for k, fn in enumerate(cases):
+        expected = fn(x, flags)
+        got = fn(x.to("neuron"), flags.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.shape == expected.shape, k
+        assert torch.equal(bits(got), bits(expected)), k
+    with pytest.raises(RuntimeError, match="numel"):
+        torch.empty(0, dtype=torch.int64, device="neuron").max().cpu()
+    assert flags.to("neuron").any(-1).cpu().tolist() == [True, True]  # the runtime goes on
+
+
+def test_small_bitwise_of_an_integer_and_a_bool_promotes_as_the_cpu(mode):
+    """unfinished_sequences (int64) & ~is_done (bool): ATen promotes the bool to the integer's
+    dtype; both orders, broadcast, int32, integer extremes and |."""
+    info = torch.iinfo(torch.int64)
+    ints = torch.tensor([[1, 0, -1, info.max, info.min, 6]])
+    mask = torch.tensor([[True, True, False, True, False, True]])
+    for a, b in [(ints, mask), (mask, ints), (ints[0, :1], mask[0, :1]), (ints, mask[:, :1]), (ints.int(), mask),
+                 (mask[0, 0], ints)]:
+        for op in (torch.bitwise_and, torch.bitwise_or):
+            expected = op(a, b)
+            got = op(a.to("neuron"), b.to("neuron")).cpu()
+            assert got.dtype == expected.dtype and got.shape == expected.shape and got.stride() == expected.stride()
+            assert torch.equal(got, expected), (op.__name__, a.dtype, b.dtype, a.shape, b.shape)
+
+
+def test_the_stopping_criteria_kernels_run_where_they_apply_and_only_there():
+    done = torch.tensor([[False]], device="neuron")
+    unfinished = torch.ones(1, dtype=torch.int64, device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: done.any(-1)) == 1
+        assert runs(lambda: done.any(0)) == 0
+        assert runs(lambda: unfinished.max()) == 1
+        assert runs(lambda: unfinished.float().max()) == 0  # the float max is ATen's
+        assert runs(lambda: unfinished & ~done[0]) == 2  # ~ and the promoting &
+        assert runs(lambda: unfinished & 1) == 0  # a Python number: ATen's

@@ -27,25 +27,43 @@ inline T apply(T a, T b) {
   }
 }
 
-template <class T, Bitwise op>
-void run_as(const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other, const at::Tensor& out) {
+// Other's elements are of type U: T, or a bool (uint8_t) that ATen promotes to the integer
+// type T (false 0, true 1).
+template <class T, class U, Bitwise op>
+void run_as(int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
+            const at::Tensor* other, const at::Tensor& out) {
   const T* a = static_cast<const T*>(self.const_data_ptr());
-  const T* b = other != nullptr ? static_cast<const T*>(other->const_data_ptr()) : a;
+  const U* b = other != nullptr ? static_cast<const U*>(other->const_data_ptr()) : nullptr;
   T* y = static_cast<T*>(out.mutable_data_ptr());
-  const int64_t other_period = other != nullptr ? plan.other_period : plan.self_period;
-  for (int64_t i = 0; i < plan.numel; ++i) {
-    y[i] = apply<T, op>(a[at_period(i, plan.self_period)], b[at_period(i, other_period)]);
+  for (int64_t i = 0; i < numel; ++i) {
+    const T x = a[at_period(i, self_period)];
+    if (b == nullptr) {
+      y[i] = apply<T, op>(x, x);
+    } else if constexpr (std::is_same_v<T, U>) {
+      y[i] = apply<T, op>(x, b[at_period(i, other_period)]);
+    } else {
+      y[i] = apply<T, op>(x, static_cast<T>(b[at_period(i, other_period)] != 0));
+    }
   }
 }
 
-template <class T>
-void run_typed(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
-               const at::Tensor& out) {
+template <class T, class U = T>
+void run_typed(Bitwise op, int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
+               const at::Tensor* other, const at::Tensor& out) {
   switch (op) {
-    case Bitwise::And: return run_as<T, Bitwise::And>(plan, self, other, out);
-    case Bitwise::Or: return run_as<T, Bitwise::Or>(plan, self, other, out);
-    case Bitwise::Not: return run_as<T, Bitwise::Not>(plan, self, other, out);
+    case Bitwise::And: return run_as<T, U, Bitwise::And>(numel, self_period, other_period, self, other, out);
+    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(numel, self_period, other_period, self, other, out);
+    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(numel, self_period, other_period, self, other, out);
   }
+}
+
+// The dtype of self op other when the kernel computes it: one dtype, or an integer with a
+// bool (ATen's promotion: the integer dtype).
+std::optional<at::ScalarType> result_dtype(at::ScalarType a, at::ScalarType b) {
+  if (a == b) return a;
+  if (a == at::kBool && b != at::kBool) return b;
+  if (b == at::kBool && a != at::kBool) return a;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -54,7 +72,8 @@ std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at:
   if (!bytes_are_values(self) || is_python_number(self) || !kernel_dtype(self.scalar_type())) return std::nullopt;
   c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
   if (other != nullptr) {
-    if (!bytes_are_values(*other) || is_python_number(*other) || other->scalar_type() != self.scalar_type()) {
+    if (!bytes_are_values(*other) || is_python_number(*other) || !kernel_dtype(other->scalar_type()) ||
+        !result_dtype(self.scalar_type(), other->scalar_type()).has_value()) {
       return std::nullopt;
     }
     auto both = broadcast(self.sizes(), other->sizes());
@@ -71,15 +90,31 @@ std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at:
   auto strides = other != nullptr ? elementwise_result_strides(sizes, {&self, other})
                                   : elementwise_result_strides(sizes, {&self});
   if (!strides.has_value()) return std::nullopt;
-  return SmallBitwise{std::move(sizes), std::move(*strides), self.scalar_type(), numel, self_period, other_period};
+  const at::ScalarType dtype = other != nullptr ? *result_dtype(self.scalar_type(), other->scalar_type())
+                                                 : self.scalar_type();
+  return SmallBitwise{std::move(sizes), std::move(*strides), dtype, numel, self_period, other_period};
 }
 
 void run_small_bitwise(Bitwise op, const SmallBitwise& plan, const at::Tensor& self, const at::Tensor* other,
                        const at::Tensor& out) {
+  const int64_t n = plan.numel;
+  if (other != nullptr && self.scalar_type() != other->scalar_type()) {
+    // An integer and a bool: & and | commute, so the integer operand goes first.
+    const bool self_is_bool = self.scalar_type() == at::kBool;
+    const at::Tensor& integer = self_is_bool ? *other : self;
+    const at::Tensor& flags = self_is_bool ? self : *other;
+    const int64_t integer_period = self_is_bool ? plan.other_period : plan.self_period;
+    const int64_t flags_period = self_is_bool ? plan.self_period : plan.other_period;
+    switch (plan.dtype) {
+      case at::kInt: return run_typed<int32_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
+      case at::kLong: return run_typed<int64_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
+      default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
+    }
+  }
   switch (plan.dtype) {
-    case at::kBool: return run_typed<uint8_t>(op, plan, self, other, out);
-    case at::kInt: return run_typed<int32_t>(op, plan, self, other, out);
-    case at::kLong: return run_typed<int64_t>(op, plan, self, other, out);
+    case at::kBool: return run_typed<uint8_t>(op, n, plan.self_period, plan.other_period, self, other, out);
+    case at::kInt: return run_typed<int32_t>(op, n, plan.self_period, plan.other_period, self, other, out);
+    case at::kLong: return run_typed<int64_t>(op, n, plan.self_period, plan.other_period, self, other, out);
     default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
   }
 }

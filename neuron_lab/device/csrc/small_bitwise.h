@@ -2,11 +2,12 @@
 //
 // A decoding loop's stopping criteria combine [1] bool masks with | and ~ every step. These
 // have one answer however computed: ATen's bool kernels are a && b, a || b and !a, its
-// integer ones &, | and ~. The kernel takes bool, int32 or int64 operands of one dtype (no
-// promotion, no Python numbers), each dense in row-major order (its size-1 dims' strides
-// aside), or one element, or a block of the result's trailing dims that the other repeats,
-// 1 to GRAIN_SIZE elements, the result of TensorIterator's strides (elementwise_result_strides);
-// anything else is left to ATen's kernel.
+// integer ones &, | and ~. The kernel takes bool, int32 or int64 operands of one dtype, or an
+// integer and a bool (ATen promotes the bool to the integer's dtype: generate()'s int64
+// unfinished-sequence flags & a bool mask), no Python numbers; each dense in row-major order
+// (its size-1 dims' strides aside), or one element, or a block of the result's trailing dims
+// that the other repeats; 1 to GRAIN_SIZE elements; the result of TensorIterator's strides
+// (elementwise_result_strides). Anything else is left to ATen's kernel.
 #pragma once
 
 #include <ATen/core/Tensor.h>

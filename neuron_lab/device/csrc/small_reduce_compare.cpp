@@ -42,6 +42,13 @@ void eq_all(const T* x, int64_t n, T value, bool* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] == value;
 }
 
+template <class T>
+T max_of(const T* x, int64_t n) {
+  T best = x[0];
+  for (int64_t i = 1; i < n; ++i) best = x[i] > best ? x[i] : best;
+  return best;
+}
+
 }  // namespace
 
 std::optional<c10::SmallVector<int64_t, 6>> plan_small_argmax(const at::Tensor& self, std::optional<int64_t> dim,
@@ -91,6 +98,54 @@ void run_small_eq(const at::Tensor& self, const c10::Scalar& other, const at::Te
     eq_all(self.const_data_ptr<int64_t>(), self.numel(), other.toLong(), y);
   } else {
     eq_all(self.const_data_ptr<int32_t>(), self.numel(), static_cast<int32_t>(other.toLong()), y);
+  }
+}
+
+std::optional<c10::SmallVector<int64_t, 6>> plan_small_any(const at::Tensor& self, int64_t dim, bool keepdim) {
+  if (self.scalar_type() != at::kBool || self.dim() < 1 || (dim != -1 && dim != self.dim() - 1) ||
+      !bytes_are_values(self) || !row_major(self) || !in_small_range(self)) {
+    return std::nullopt;
+  }
+  c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
+  if (keepdim) {
+    sizes.back() = 1;
+  } else {
+    sizes.pop_back();
+  }
+  return sizes;
+}
+
+void run_small_any(const at::Tensor& self, const at::Tensor& out) {
+  const auto* x = static_cast<const uint8_t*>(self.const_data_ptr());
+  bool* y = out.mutable_data_ptr<bool>();
+  const int64_t row = self.size(-1);
+  const int64_t rows = self.numel() / row;
+  for (int64_t r = 0; r < rows; ++r) {
+    bool any = false;
+    for (int64_t i = 0; i < row && !any; ++i) any = x[r * row + i] != 0;  // ATen reads a bool as nonzero
+    y[r] = any;
+  }
+}
+
+bool small_max_takes(const at::Tensor& self) {
+  const at::ScalarType t = self.scalar_type();
+  return (t == at::kBool || t == at::kInt || t == at::kLong) && bytes_are_values(self) && row_major(self) &&
+         in_small_range(self);
+}
+
+void run_small_max(const at::Tensor& self, const at::Tensor& out) {
+  const int64_t n = self.numel();
+  switch (self.scalar_type()) {
+    case at::kBool: {
+      const auto* x = static_cast<const uint8_t*>(self.const_data_ptr());
+      bool any = false;
+      for (int64_t i = 0; i < n && !any; ++i) any = x[i] != 0;
+      *out.mutable_data_ptr<bool>() = any;
+      return;
+    }
+    case at::kInt: *out.mutable_data_ptr<int32_t>() = max_of(self.const_data_ptr<int32_t>(), n); return;
+    case at::kLong: *out.mutable_data_ptr<int64_t>() = max_of(self.const_data_ptr<int64_t>(), n); return;
+    default: TORCH_INTERNAL_ASSERT(false, "neuron: small max planned for ", self.scalar_type());
   }
 }
 

@@ -1,5 +1,6 @@
-// A decoding loop's last two small ops without ATen's TensorIterator: argmax over a row of
-// logits (greedy search's next token) and an integer compared with a number.
+// A decoding loop's small reductions and comparisons without ATen's TensorIterator: argmax
+// over a row of logits (greedy search's next token), an integer compared with a number, and
+// the stopping criteria's any over a row of flags and max of an integer tensor.
 //
 // Both have one answer however computed. ATen's argmax scans each row keeping the first
 // maximum and the first NaN over everything (ArgMaxOps: greater_or_nan, ties to the lower
@@ -9,6 +10,9 @@
 // row-major int32 or int64 tensor of 1 to GRAIN_SIZE elements and an integral number. Anything
 // else (dim=None, other dims, empty rows and their error, float comparisons and their
 // promotion) is left to ATen's kernel.
+// any over the last dim of a row-major bool tensor, and max of all elements of a row-major
+// bool or integer tensor (1 to GRAIN_SIZE elements), are exact too: floats (NaN, signed
+// zeros), uint8's legacy any and empty inputs (max's error) are ATen's.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -32,5 +36,17 @@ bool small_eq_takes(const at::Tensor& self, const c10::Scalar& other);
 
 // Writes self == other into `out` (bool, contiguous, self's sizes).
 void run_small_eq(const at::Tensor& self, const c10::Scalar& other, const at::Tensor& out);
+
+// The result's sizes of any(self, dim, keepdim), or nullopt when the small kernel does not take it.
+std::optional<c10::SmallVector<int64_t, 6>> plan_small_any(const at::Tensor& self, int64_t dim, bool keepdim);
+
+// Writes whether each row of self holds a true element into `out` (bool, contiguous).
+void run_small_any(const at::Tensor& self, const at::Tensor& out);
+
+// Whether the small kernel takes max(self), the largest of all elements.
+bool small_max_takes(const at::Tensor& self);
+
+// Writes max(self) into `out`, a 0-dim tensor of self's dtype.
+void run_small_max(const at::Tensor& self, const at::Tensor& out);
 
 }  // namespace neuron

@@ -537,6 +537,27 @@ struct AtOnceKernel<at::_ops::argmax> {
 };
 
 template <>
+struct AtOnceKernel<at::_ops::any_dim> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, int64_t dim, bool keepdim) {
+    const auto sizes = plan_small_any(self, dim, keepdim);
+    if (!sizes.has_value()) return std::nullopt;
+    return write_new_result(device, at::_ops::any_dim::name, *sizes, at::kBool,
+                            [&](const at::Tensor& out) { run_small_any(self, out); });
+  }
+};
+
+template <>
+struct AtOnceKernel<at::_ops::max> {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
+    if (!small_max_takes(self)) return std::nullopt;
+    return write_new_result(device, at::_ops::max::name, {}, self.scalar_type(),
+                            [&](const at::Tensor& out) { run_small_max(self, out); });
+  }
+};
+
+template <>
 struct AtOnceKernel<at::_ops::eq_Scalar> {
   static constexpr bool exists = true;
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& other) {
