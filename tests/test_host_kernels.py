@@ -1345,3 +1345,60 @@ def test_the_stopping_criteria_kernels_run_where_they_apply_and_only_there():
         assert runs(lambda: unfinished.float().max()) == 0  # the float max is ATen's
         assert runs(lambda: unfinished & ~done[0]) == 2  # ~ and the promoting &
         assert runs(lambda: unfinished & 1) == 0  # a Python number: ATen's
+
+
+# ---- clone and same-device _to_copy as one block copy (unboxed_ops.cpp) ----------------------
+
+
+def copy_sources() -> list[torch.Tensor]:
+    """Dense tensors of several layouts (contiguous, transposed, size-1 dims of other strides,
+    0-dim) and dtypes, and ones the block copy leaves to torch: strided, empty, conjugate."""
+    g = torch.Generator().manual_seed(30)
+    base = torch.randn(2, 3, 4, generator=g)
+    return [
+        base, base.transpose(0, 2), base.permute(1, 0, 2), with_unit_strides(torch.randn(1, 4, 1, 8, generator=g), {2: 32}),
+        torch.tensor(2.5), torch.tensor([[7]]), (base > 0), base.half(), base.to(torch.bfloat16), base.long(),
+        base[:, ::2], torch.empty(0, 3), torch.complex(base, base).conj(),
+    ]
+
+
+def test_clone_and_to_copy_equal_the_cpu(mode):
+    """clone (formats preserved, contiguous, channels-last) and _to_copy (copy=True, a new
+    dtype): values, dtype and strides equal the CPU's; the conj bit resolves as torch
+    resolves it."""
+    calls = {
+        "clone": lambda t: t.clone(),
+        "clone contiguous": lambda t: t.clone(memory_format=torch.contiguous_format),
+        "to copy": lambda t: t.to(copy=True),
+        "to own dtype": lambda t: t.to(t.dtype, copy=True),
+        "to float64": lambda t: t.to(torch.float64) if not t.is_complex() else t.to(torch.complex128),
+    }
+    for source in copy_sources():
+        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
+        for name, call in calls.items():
+            expected = call(source)
+            for _ in range(2):
+                got = call(on_device).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
+                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
+                assert torch.equal(got.resolve_conj(), expected.resolve_conj()), (name, source.shape)
+    x = torch.randn(2, 1, 3, 3)
+    assert torch.equal(x.to("neuron").clone(memory_format=torch.channels_last).cpu(), x)
+
+
+def test_clone_and_to_copy_copy_blocks_where_they_apply_and_only_there():
+    x = torch.randn(1, 99, device="neuron")
+    ids = torch.arange(12, device="neuron").view(1, 12)[:, -1:]  # generate()'s last token: (12, 1) strides
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: x.clone()) == 1
+        assert runs(lambda: ids.clone()) == 1
+        assert runs(lambda: x.to(copy=True, dtype=torch.float32)) == 1
+        assert runs(lambda: x.clone(memory_format=torch.contiguous_format)) == 1  # already contiguous: the same
+        assert runs(lambda: x.t().clone(memory_format=torch.contiguous_format)) == 0
+        assert runs(lambda: x[:, ::2].clone()) == 0
+        assert runs(lambda: x.double()) == 0
+        assert runs(lambda: x.cpu()) == 0
+    # the copy is a new tensor: writing it leaves the source as it was
+    y = x.clone()
+    y.add_(1)
+    assert torch.equal(y.cpu(), x.cpu() + 1)

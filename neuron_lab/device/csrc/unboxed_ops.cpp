@@ -19,6 +19,7 @@
 #include "blas_matmul.h"
 #include "dense_cat.h"
 #include "dense_index_select.h"
+#include "dense_layout.h"
 #include "layer_norm_direct.h"
 #include "small_arith.h"
 #include "small_isin.h"
@@ -30,6 +31,7 @@
 #include "small_where.h"
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -43,7 +45,9 @@
 #include <ATen/ops/bitwise_not_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bitwise_or_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/clone_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cos_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/empty.h>
@@ -66,6 +70,7 @@
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/any_ops.h>
@@ -77,6 +82,7 @@
 #include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/clone_ops.h>
 #include <ATen/ops/cos_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/eq_ops.h>
@@ -105,6 +111,7 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -732,6 +739,51 @@ void register_all(torch::Library& m) {
   (register_unboxed<Ops>(m), ...);
 }
 
+// ---- clone and same-device _to_copy of dense tensors: one block copy ---------------------
+
+// A decoding step clones its last logits and ids and copies the logits to float32, their
+// own dtype. With the memory format preserved, both make empty_strided(self's sizes and
+// strides) for a non-overlapping, dense self and copy it (as the contiguous format does for
+// a row-major self): the result's bytes are self's, in one block. Other calls (a new dtype, device or format, conjugate or negative bits, strided
+// or empty tensors, ops recorded rather than run at once) take torch's own kernels.
+bool copies_as_one_block(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
+  if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return false;
+  const auto f = format.value_or(c10::MemoryFormat::Preserve);
+  if (f == c10::MemoryFormat::Preserve) return self.is_non_overlapping_and_dense();
+  return f == c10::MemoryFormat::Contiguous && row_major(self);  // the result's strides are self's
+}
+
+std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, const char* name) {
+  const at::Tensor* inputs[] = {&self};
+  if (!interceptor().begin_unboxed_op(inputs, name)) return std::nullopt;
+  UnboxedScope scope;
+  interceptor().check_readable(self);
+  return write_new_result(self.device().index(), name, self.sizes(), self.strides(), self.scalar_type(),
+                          [&](const at::Tensor& out) {
+                            std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(),
+                                        static_cast<size_t>(self.numel()) * self.element_size());
+                          });
+}
+
+at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
+  if (copies_as_one_block(self, format)) {
+    if (auto copy = block_copy_at_once(self, at::_ops::clone::name)) return std::move(*copy);
+  }
+  return at::compositeexplicitautograd::clone(self, format);
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<c10::Layout> layout,
+                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> format) {
+  const bool same_tensor_kind = (!dtype.has_value() || *dtype == self.scalar_type()) &&
+                                (!layout.has_value() || *layout == c10::kStrided) &&
+                                (!device.has_value() || *device == self.device()) && !pin_memory.value_or(false);
+  if (same_tensor_kind && copies_as_one_block(self, format)) {
+    if (auto copy = block_copy_at_once(self, at::_ops::_to_copy::name)) return std::move(*copy);
+  }
+  return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
+}
+
 // ---- functional and in-place forms of structured ops -----------------------------------
 
 // A structured op's functional form (add.Tensor) reaches a backend without a kernel of its
@@ -842,6 +894,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
                ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
+  m.impl("clone", TORCH_FN(clone));
+  m.impl("_to_copy", TORCH_FN(to_copy));
   for (auto register_op :
        {register_add_Tensor, register_add__Tensor, register_sub_Tensor, register_mul_Tensor, register_mul__Tensor,
         register_div_Tensor, register_div_Tensor_mode, register_pow_Tensor_Scalar, register_pow_Tensor_Tensor,
