@@ -42,6 +42,23 @@ void eq_all(const T* x, int64_t n, T value, bool* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] == value;
 }
 
+// The result's sizes of a reduction over the last dim (`dim`: -1 or the last) of a row-major
+// tensor of 1 to GRAIN_SIZE elements, or nullopt for other dims and layouts.
+std::optional<c10::SmallVector<int64_t, 6>> sizes_reduced_over_rows(const at::Tensor& self, int64_t dim,
+                                                                     bool keepdim) {
+  if (self.dim() < 1 || (dim != -1 && dim != self.dim() - 1) || !bytes_are_values(self) || !row_major(self) ||
+      !in_small_range(self)) {
+    return std::nullopt;
+  }
+  c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
+  if (keepdim) {
+    sizes.back() = 1;
+  } else {
+    sizes.pop_back();
+  }
+  return sizes;
+}
+
 template <class T>
 T max_of(const T* x, int64_t n) {
   T best = x[0];
@@ -54,18 +71,10 @@ T max_of(const T* x, int64_t n) {
 std::optional<c10::SmallVector<int64_t, 6>> plan_small_argmax(const at::Tensor& self, std::optional<int64_t> dim,
                                                               bool keepdim) {
   const at::ScalarType t = self.scalar_type();
-  if ((t != at::kFloat && t != at::kDouble && t != at::kInt && t != at::kLong) || !dim.has_value() ||
-      self.dim() < 1 || (*dim != -1 && *dim != self.dim() - 1) || !bytes_are_values(self) || !row_major(self) ||
-      !in_small_range(self)) {
+  if ((t != at::kFloat && t != at::kDouble && t != at::kInt && t != at::kLong) || !dim.has_value()) {
     return std::nullopt;
   }
-  c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
-  if (keepdim) {
-    sizes.back() = 1;
-  } else {
-    sizes.pop_back();
-  }
-  return sizes;
+  return sizes_reduced_over_rows(self, *dim, keepdim);
 }
 
 void run_small_argmax(const at::Tensor& self, const at::Tensor& out) {
@@ -102,17 +111,8 @@ void run_small_eq(const at::Tensor& self, const c10::Scalar& other, const at::Te
 }
 
 std::optional<c10::SmallVector<int64_t, 6>> plan_small_any(const at::Tensor& self, int64_t dim, bool keepdim) {
-  if (self.scalar_type() != at::kBool || self.dim() < 1 || (dim != -1 && dim != self.dim() - 1) ||
-      !bytes_are_values(self) || !row_major(self) || !in_small_range(self)) {
-    return std::nullopt;
-  }
-  c10::SmallVector<int64_t, 6> sizes(self.sizes().begin(), self.sizes().end());
-  if (keepdim) {
-    sizes.back() = 1;
-  } else {
-    sizes.pop_back();
-  }
-  return sizes;
+  if (self.scalar_type() != at::kBool) return std::nullopt;
+  return sizes_reduced_over_rows(self, dim, keepdim);
 }
 
 void run_small_any(const at::Tensor& self, const at::Tensor& out) {
