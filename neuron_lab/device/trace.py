@@ -106,6 +106,7 @@ def device_counters() -> dict[str, int]:
     draws, faster), ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
     its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``, and a decoding loop's
     small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``argmax``, ``eq``,
-    ``isin``, ``cat``, ``index_select``, matmuls and layer norms run at once) and ``aliases_recycled`` (host
+    ``any``, ``max``, ``isin``, ``cat``, ``index_select``, ``clone``, matmuls and layer norms run
+    at once) and ``aliases_recycled`` (host
     aliases of the unboxed path re-pointed at a new tensor instead of made anew)."""
     return dict(_C.counters())
