@@ -1320,6 +1320,24 @@ def test_small_any_and_max_inputs_they_decline_still_equal_the_cpu(mode):
     assert flags.to("neuron").any(-1).cpu().tolist() == [True, True]  # the runtime goes on
 
 
+@pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
+def test_max_and_min_of_an_empty_tensor_raise_as_the_cpu_once_python_metas_are_loaded(mode):
+    """With torch._dynamo loaded (any torch.compile earlier in a session), the runtime records
+    max() and min() from their Python meta kernels, which take an empty tensor; the out= twins
+    a graph replays do not check it and gave the reduction's identity (INT64_MIN) where the CPU
+    raises. The check is made at the op."""
+    import torch._dynamo  # noqa: F401  (what makes the Python metas used)
+
+    with neuron_lab.mode(mode):
+        for reduce in (torch.max, torch.min):
+            for dtype in (torch.int64, torch.float32):
+                empty = torch.empty(0, dtype=dtype, device="neuron")
+                with pytest.raises(RuntimeError, match=rf"{reduce.__name__}\(\): Expected reduction dim"):
+                    reduce(empty).cpu()
+        x = torch.tensor([3, -2, 7], device="neuron")
+        assert (x.max().item(), x.min().item()) == (7, -2)  # the runtime goes on
+
+
 def test_small_bitwise_of_an_integer_and_a_bool_promotes_as_the_cpu(mode):
     """unfinished_sequences (int64) & ~is_done (bool): ATen promotes the bool to the integer's
     dtype; both orders, broadcast, int32, integer extremes and |."""

@@ -93,6 +93,7 @@
 #include <ATen/ops/isin_ops.h>
 #include <ATen/ops/max_ops.h>
 #include <ATen/ops/mean_ops.h>
+#include <ATen/ops/min_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
@@ -685,6 +686,23 @@ struct InputCheck<at::_ops::_scaled_dot_product_flash_attention_for_cpu> {
   }
 };
 
+// max() and min() of all elements raise for an empty tensor; the out= twins that a recorded
+// graph replays (max.unary_out, min.unary_out) do not check, and give the reduction's
+// identity (INT64_MIN for max of an int64 tensor): the error is raised at the op, as the
+// CPU raises it, before the op can be recorded.
+template <class Op>
+struct AllElementsInputCheck {
+  static void check(const at::Tensor& self) {
+    TORCH_CHECK(self.numel() > 0, Op::name + 6,  // the name without "aten::"
+                "(): Expected reduction dim to be specified for input.numel() == 0. Specify the reduction dim with "
+                "the 'dim' argument.");
+  }
+};
+template <>
+struct InputCheck<at::_ops::max> : AllElementsInputCheck<at::_ops::max> {};
+template <>
+struct InputCheck<at::_ops::min> : AllElementsInputCheck<at::_ops::min> {};
+
 template <class Op, class Otherwise = ToFallback<Op>, class Schema = typename Op::schema>
 struct Unboxed;
 
@@ -890,7 +908,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                ops::tanh_out, ops::gelu_out, ops::silu_out, ops::sigmoid_out, ops::_softmax_out,  // activations
                ops::cos_out, ops::sin_out,  // rotary embeddings' tables, every decode step
                ops::native_layer_norm, ops::_scaled_dot_product_flash_attention_for_cpu,
-               ops::sum_IntList_out, ops::mean_out, ops::argmax_out, ops::any_out, ops::max,  // reductions
+               ops::sum_IntList_out, ops::mean_out, ops::argmax_out, ops::any_out, ops::max, ops::min,  // reductions
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
                ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
