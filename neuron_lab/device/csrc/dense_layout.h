@@ -80,20 +80,14 @@ inline c10::SmallVector<int64_t, 6> row_major_strides(c10::IntArrayRef sizes) {
   return strides;
 }
 
-// Which operands a kernel reads as row-major memory (the result's layout follows from it).
-enum class Order : uint8_t {
-  RowMajor,       // row_major(): results row-major too
-  DenseRowMajor,  // dense_row_major(): results laid out by elementwise_result_strides()
-};
-
-// How often t repeats over a result of `sizes` (numel elements): numel when it is as big,
-// 1 for one element, its own numel when it is a block of the result's trailing dims; 0 when
-// a kernel cannot read it so. Operands read so, and a contiguous result, are the layout
-// ATen's TensorIterator gives an elementwise op of them (for Order::RowMajor operands).
-inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel, Order order = Order::RowMajor) {
+// How often t repeats over a result of `sizes` (numel elements), read as dense row-major
+// memory (dense_row_major): numel when it is as big, 1 for one element, its own numel when
+// it is a block of the result's trailing dims; 0 when a kernel cannot read it so. The
+// result's layout for such operands is elementwise_result_strides()'s.
+inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel) {
   const int64_t n = t.numel();
   if (n == 1) return 1;
-  if (!(order == Order::RowMajor ? row_major(t) : dense_row_major(t))) return 0;
+  if (!dense_row_major(t)) return 0;
   if (n == numel) return n;  // it broadcasts to the result with no dim repeated: the same order
   c10::IntArrayRef own = t.sizes();
   while (!own.empty() && own.front() == 1) own = own.slice(1);
@@ -116,8 +110,9 @@ c10::SmallVector<int64_t, 6> contiguous_in_order(c10::IntArrayRef sizes, c10::In
 // The strides ATen's TensorIterator gives the new result of an elementwise op of
 // `operands` (each dense_row_major, or of one element) broadcast to `sizes`: row-major when
 // every operand has the result's shape and is contiguous (its fast setup) or all are
-// row_major, else contiguous in iteration_order() (a one-element operand's strides count). Operands read as dense memory can only move size-1 dims, so the
-// elements still lie in row-major order; nullopt where they would not (never, but checked).
+// row_major, else contiguous in iteration_order() (a one-element operand's strides count).
+// Operands read as dense memory can only move size-1 dims, so the elements still lie in
+// row-major order; nullopt where they would not (never, but checked).
 std::optional<c10::SmallVector<int64_t, 6>> elementwise_result_strides(
     c10::IntArrayRef sizes, std::initializer_list<const at::Tensor*> operands);
 

@@ -118,8 +118,8 @@ std::optional<SmallArith> plan_small_arith(const at::Tensor& self, const at::Ten
   int64_t numel = 1;
   for (int64_t s : *sizes) numel *= s;
   if (numel < 1 || numel > at::internal::GRAIN_SIZE) return std::nullopt;
-  const int64_t self_period = period(self, *sizes, numel, Order::DenseRowMajor);
-  const int64_t other_period = period(other, *sizes, numel, Order::DenseRowMajor);
+  const int64_t self_period = period(self, *sizes, numel);
+  const int64_t other_period = period(other, *sizes, numel);
   if (self_period == 0 || other_period == 0) return std::nullopt;
   // A block must tile the result: one operand as big as it, the other a block or one element.
   if (self_period != numel && other_period != numel) return std::nullopt;

@@ -83,8 +83,8 @@ std::optional<SmallBitwise> plan_small_bitwise(const at::Tensor& self, const at:
   int64_t numel = 1;
   for (int64_t s : sizes) numel *= s;
   if (numel < 1 || numel > at::internal::GRAIN_SIZE) return std::nullopt;
-  const int64_t self_period = period(self, sizes, numel, Order::DenseRowMajor);
-  const int64_t other_period = other != nullptr ? period(*other, sizes, numel, Order::DenseRowMajor) : 0;
+  const int64_t self_period = period(self, sizes, numel);
+  const int64_t other_period = other != nullptr ? period(*other, sizes, numel) : 0;
   if (self_period == 0 || (other != nullptr && other_period == 0)) return std::nullopt;
   if (other == nullptr && self_period != numel) return std::nullopt;  // not: self is the result's shape
   auto strides = other != nullptr ? elementwise_result_strides(sizes, {&self, other})

@@ -59,6 +59,14 @@ std::optional<c10::SmallVector<int64_t, 6>> sizes_reduced_over_rows(const at::Te
   return sizes;
 }
 
+// Whether any of n bool bytes is true (ATen reads a bool as nonzero).
+bool any_true(const uint8_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] != 0) return true;
+  }
+  return false;
+}
+
 template <class T>
 T max_of(const T* x, int64_t n) {
   T best = x[0];
@@ -120,11 +128,7 @@ void run_small_any(const at::Tensor& self, const at::Tensor& out) {
   bool* y = out.mutable_data_ptr<bool>();
   const int64_t row = self.size(-1);
   const int64_t rows = self.numel() / row;
-  for (int64_t r = 0; r < rows; ++r) {
-    bool any = false;
-    for (int64_t i = 0; i < row && !any; ++i) any = x[r * row + i] != 0;  // ATen reads a bool as nonzero
-    y[r] = any;
-  }
+  for (int64_t r = 0; r < rows; ++r) y[r] = any_true(x + r * row, row);
 }
 
 bool small_max_takes(const at::Tensor& self) {
@@ -136,13 +140,9 @@ bool small_max_takes(const at::Tensor& self) {
 void run_small_max(const at::Tensor& self, const at::Tensor& out) {
   const int64_t n = self.numel();
   switch (self.scalar_type()) {
-    case at::kBool: {
-      const auto* x = static_cast<const uint8_t*>(self.const_data_ptr());
-      bool any = false;
-      for (int64_t i = 0; i < n && !any; ++i) any = x[i] != 0;
-      *out.mutable_data_ptr<bool>() = any;
+    case at::kBool:
+      *out.mutable_data_ptr<bool>() = any_true(static_cast<const uint8_t*>(self.const_data_ptr()), n);
       return;
-    }
     case at::kInt: *out.mutable_data_ptr<int32_t>() = max_of(self.const_data_ptr<int32_t>(), n); return;
     case at::kLong: *out.mutable_data_ptr<int64_t>() = max_of(self.const_data_ptr<int64_t>(), n); return;
     default: TORCH_INTERNAL_ASSERT(false, "neuron: small max planned for ", self.scalar_type());

@@ -42,9 +42,9 @@ std::optional<SmallWhere> plan_small_where(const at::Tensor& condition, const at
   int64_t numel = 1;
   for (int64_t s : *sizes) numel *= s;
   if (numel < 1 || numel > at::internal::GRAIN_SIZE) return std::nullopt;
-  const int64_t condition_period = period(condition, *sizes, numel, Order::DenseRowMajor);
-  const int64_t self_period = period(self, *sizes, numel, Order::DenseRowMajor);
-  const int64_t other_period = period(other, *sizes, numel, Order::DenseRowMajor);
+  const int64_t condition_period = period(condition, *sizes, numel);
+  const int64_t self_period = period(self, *sizes, numel);
+  const int64_t other_period = period(other, *sizes, numel);
   if (condition_period == 0 || self_period == 0 || other_period == 0) return std::nullopt;
   auto strides = elementwise_result_strides(*sizes, {&condition, &self, &other});
   if (!strides.has_value()) return std::nullopt;

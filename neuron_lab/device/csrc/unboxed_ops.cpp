@@ -762,8 +762,9 @@ void register_all(torch::Library& m) {
 // A decoding step clones its last logits and ids and copies the logits to float32, their
 // own dtype. With the memory format preserved, both make empty_strided(self's sizes and
 // strides) for a non-overlapping, dense self and copy it (as the contiguous format does for
-// a row-major self): the result's bytes are self's, in one block. Other calls (a new dtype, device or format, conjugate or negative bits, strided
-// or empty tensors, ops recorded rather than run at once) take torch's own kernels.
+// a row-major self): the result's bytes are self's, in one block. Other calls (a new dtype,
+// device or format, conjugate or negative bits, strided or empty tensors, ops recorded
+// rather than run at once) take torch's own kernels.
 bool copies_as_one_block(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
   if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return false;
   const auto f = format.value_or(c10::MemoryFormat::Preserve);
