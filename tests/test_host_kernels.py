@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import neuron_lab
+from conftest import run_python
 from elementwise_layouts import (ARITH, bits, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
                                  with_unit_strides)
 from neuron_lab.device import trace
@@ -1420,3 +1421,96 @@ def test_clone_and_to_copy_copy_blocks_where_they_apply_and_only_there():
     y = x.clone()
     y.add_(1)
     assert torch.equal(y.cpu(), x.cpu() + 1)
+
+
+# ---- sum and mean over rows in ATen's order of additions (small_sum.cpp) -------------------
+
+
+def sum_rows_cases(dtype: torch.dtype) -> list[torch.Tensor]:
+    """Rows shorter than a vector, a vector and a tail, four vectors and more, long enough for
+    the cascade's second and third levels (16 and 256 steps of four vectors), of values whose
+    magnitudes differ so that the order of additions shows in the last bits; special values
+    (infinities, NaNs of both signs, -0.0, subnormals) in some rows; a transposed one-token
+    tensor (size-1 dims with other strides)."""
+    g = torch.Generator().manual_seed(11)
+    cases = []
+    for rows, row in [(1, 2), (3, 3), (2, 7), (1, 8), (5, 9), (1, 32), (4, 33), (2, 63), (1, 64), (3, 100),
+                      (1, 513), (2, 1029), (1, 8200), (1, 32767 - 1)]:
+        x = torch.randn(rows, row, generator=g, dtype=torch.float64).mul(
+            torch.randn(rows, row, generator=g, dtype=torch.float64).mul(6).exp()).to(dtype)
+        cases.append(x)
+    cases.append(special_floats(dtype, 40).view(2, 20))
+    cases.append(torch.tensor([[-0.0, -0.0, -0.0]], dtype=dtype))
+    cases.append(torch.randn(1, 4, 1, 32, generator=g, dtype=dtype).transpose(1, 2))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_small_sum_and_mean_over_rows_equal_the_cpu_bit_for_bit(mode, dtype):
+    for x in sum_rows_cases(dtype):
+        on_device = same_layout_on_device(x)
+        for op in ("sum", "mean"):
+            for keepdim in (False, True):
+                expected = getattr(torch, op)(x, -1, keepdim=keepdim)
+                for _ in range(3):  # at once or recorded, then replayed
+                    got = getattr(torch, op)(on_device, dim=x.dim() - 1, keepdim=keepdim).cpu()
+                    assert got.shape == expected.shape and got.stride() == expected.stride(), (op, x.shape)
+                    assert torch.equal(bits(got), bits(expected)), (op, dtype, x.shape, keepdim)
+
+
+def test_small_sum_equals_the_cpu_under_each_cpu_capability():
+    """ATen's sum kernel is 32 bytes wide under every x86 capability (its AVX512 slot is empty,
+    so AVX512 CPUs run the AVX2 kernel): the same bits with ATEN_CPU_CAPABILITY lowered."""
+    code = """
+        import torch, neuron_lab
+        g = torch.Generator().manual_seed(3)
+        bad = []
+        with neuron_lab.mode("blocking"):
+            for row in (5, 8, 37, 300, 5000):
+                x = torch.randn(3, row, generator=g).mul(torch.randn(3, row, generator=g).mul(6).exp())
+                for op in ("sum", "mean"):
+                    if not torch.equal(getattr(x.to("neuron"), op)(-1).cpu().view(torch.int32), getattr(x, op)(-1).view(torch.int32)):
+                        bad.append((row, op))
+        print(torch.backends.cpu.get_cpu_capability(), bad)
+    """
+    for capability in ("avx2", "default"):
+        result = run_python(code, env={"ATEN_CPU_CAPABILITY": capability})
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.stdout.split()[0] == capability.upper() and result.stdout.rstrip().endswith("[]"), result.stdout
+
+
+def test_small_sum_and_mean_inputs_they_decline_still_equal_the_cpu(mode):
+    """Other dims, several dims, all elements, another result dtype, reduced-precision and
+    integer tensors, strided rows, rows of one element, empty rows and GRAIN_SIZE elements or
+    more (ATen splits those between threads): ATen's kernel."""
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(6, 40, generator=g).mul(torch.randn(6, 40, generator=g).mul(6).exp())
+    big = torch.randn(2, 20000, generator=g)
+    cases = [
+        lambda t: t.sum(0), lambda t: t.mean((0, 1)), lambda t: t.sum(), lambda t: t.mean(-1, dtype=torch.float64),
+        lambda t: t.sum(-1, dtype=torch.float32), lambda t: t.half().sum(-1), lambda t: t.bfloat16().mean(-1),
+        lambda t: t.long().sum(-1), lambda t: t.t().sum(-1), lambda t: t[:, ::2].mean(-1),
+        lambda t: t[:, :1].sum(-1), lambda t: t[:, :0].sum(-1), lambda t: t[:, :0].mean(-1),
+    ]
+    for k, fn in enumerate(cases):
+        expected = fn(x)
+        got = fn(x.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.shape == expected.shape and got.stride() == expected.stride(), k
+        assert torch.equal(bits(got), bits(expected)) or (got.isnan() & expected.isnan()).all(), k
+    for op in ("sum", "mean"):
+        assert torch.equal(bits(getattr(big.to("neuron"), op)(-1).cpu()), bits(getattr(big, op)(-1))), op
+
+
+def test_small_sum_and_mean_run_where_they_apply_and_only_there():
+    x = torch.randn(1, 1, 32, device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: x.pow(2).mean(-1, keepdim=True)) == 2  # an RMSNorm's pow and mean
+        assert runs(lambda: x.sum(-1)) == 1
+        assert runs(lambda: x.double().mean(2)) == 1
+        assert runs(lambda: x.sum(-1, dtype=torch.float32)) == 1
+        assert runs(lambda: x.mean(-1, dtype=torch.float64)) == 0
+        assert runs(lambda: x.sum()) == 0
+        assert runs(lambda: x.mean(1)) == 0
+        assert runs(lambda: x.half().sum(-1)) == 0
+        assert runs(lambda: x.view(4, 8).t().sum(-1)) == 0
+        assert runs(lambda: torch.randn(2, 20000, device="neuron").sum(-1)) == 0

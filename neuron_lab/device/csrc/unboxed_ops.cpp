@@ -27,6 +27,7 @@
 #include "small_bitwise.h"
 #include "small_fill.h"
 #include "small_reduce_compare.h"
+#include "small_sum.h"
 #include "small_unary.h"
 #include "small_where.h"
 
@@ -543,6 +544,23 @@ struct AtOnceKernel<at::_ops::argmax> {
                             [&](const at::Tensor& out) { run_small_argmax(self, out); });
   }
 };
+
+// sum and mean over the last dim (an RMSNorm's mean of squares, five a Llama decode step).
+template <class Op, bool kMean>
+struct SmallSumKernel {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, at::OptionalIntArrayRef dim,
+                                       bool keepdim, std::optional<at::ScalarType> dtype) {
+    const auto plan = plan_small_sum(self, dim, keepdim, dtype);
+    if (!plan.has_value()) return std::nullopt;
+    return write_new_result(device, Op::name, plan->sizes, self.scalar_type(),
+                            [&](const at::Tensor& out) { run_small_sum(*plan, self, kMean, out); });
+  }
+};
+template <>
+struct AtOnceKernel<at::_ops::mean_dim> : SmallSumKernel<at::_ops::mean_dim, /*kMean=*/true> {};
+template <>
+struct AtOnceKernel<at::_ops::sum_dim_IntList> : SmallSumKernel<at::_ops::sum_dim_IntList, /*kMean=*/false> {};
 
 template <>
 struct AtOnceKernel<at::_ops::any_dim> {
