@@ -164,7 +164,7 @@ struct Counters {
   uint64_t ops_run_at_once() const { return ops_run_at_once_total.load() - ops_run_at_once_at_reset.load(); }
   std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
   std::mutex mutex;
-  std::map<std::string, uint64_t> syncs;  // by trigger: the op that waited, else the reason's words
+  std::map<std::string, uint64_t, std::less<>> syncs;  // by trigger (the op that waited, else the reason's words)
   std::map<std::string, uint64_t, std::less<>> inline_by_op;  // found by string_view
   void count_flush(Reason reason) { flushes[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed); }
   void count_sync(Reason reason, std::string_view what);

@@ -74,8 +74,11 @@ Counters& counters() {
 }
 
 void Counters::count_sync(Reason reason, std::string_view what) {
+  const std::string_view trigger = what.empty() ? std::string_view(reason_name(reason)) : what;
   std::lock_guard<std::mutex> lock(mutex);
-  syncs[what.empty() ? std::string(reason_name(reason)) : std::string(what)] += 1;
+  auto it = syncs.find(trigger);  // a string is made only for a trigger's first wait
+  if (it == syncs.end()) it = syncs.emplace(std::string(trigger), 0).first;
+  it->second += 1;
 }
 
 void Counters::reset() {
@@ -849,13 +852,15 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
     }
     return;
   }
-  const std::string trigger(inline_trigger(reason, what));
+  const std::string_view trigger = inline_trigger(reason, what);
   int device = -1;
   for (const auto& t : tensors) {
     if (t.defined() && t.device().type() == kNeuron) device = t.device().index();
   }
   trace::SyncScope scope(reason, trigger, device);
-  {
+  // A host read is logged as its wait (the scope's sync event) alone: the observability
+  // layer lists inline ops that cut graphs, which host reads are not, by design.
+  if (!is_host_read(reason)) {
     trace::Event e;
     e.time_ns = trace::now_ns();
     e.kind = "inline_op";
@@ -866,12 +871,12 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
                : reason == Reason::MetadataChange
                    ? "it changes metadata (sizes, strides, storage) that queued launches read when they run"
                    : "a native kernel that needs its inputs' values now";
-    e.source = trace::capture();
+    e.source = scope.source();
     e.device = device;
-    tl_inline_why = nullptr;
-    tl_inline_why_string = nullptr;
     trace::log_event(std::move(e));
   }
+  tl_inline_why = nullptr;
+  tl_inline_why_string = nullptr;
   counters().count_sync(reason, trigger);
   flush_device_buffers(-1, reason);
   for (const auto& t : tensors) {

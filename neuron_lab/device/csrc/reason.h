@@ -51,4 +51,7 @@ constexpr int kReasons = static_cast<int>(Reason::kCount);
 // "copy to host", "op limit", ...: the words users see in counters and explanations.
 const char* reason_name(Reason reason);
 
+// The host reads device memory (a value or a copy): a wait, never a fusion boundary of its own.
+constexpr bool is_host_read(Reason reason) { return reason == Reason::HostRead || reason == Reason::CopyToHost; }
+
 }  // namespace neuron

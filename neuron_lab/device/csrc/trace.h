@@ -83,6 +83,8 @@ class SyncScope {
   ~SyncScope();
   SyncScope(const SyncScope&) = delete;
   SyncScope& operator=(const SyncScope&) = delete;
+  // The source line of the wait (the outermost scope's, captured once).
+  Source source() const { return outermost_ ? source_ : capture(); }
 
  private:
   bool outermost_;
