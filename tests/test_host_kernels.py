@@ -1377,6 +1377,7 @@ def copy_sources() -> list[torch.Tensor]:
     return [
         base, base.transpose(0, 2), base.permute(1, 0, 2), with_unit_strides(torch.randn(1, 4, 1, 8, generator=g), {2: 32}),
         torch.tensor(2.5), torch.tensor([[7]]), (base > 0), base.half(), base.to(torch.bfloat16), base.long(),
+        torch.arange(12).view(1, 12)[:, -1:], torch.randn(1, 5, generator=g).t(),  # row-major save size-1 dims
         base[:, ::2], torch.empty(0, 3), torch.complex(base, base).conj(),
     ]
 
@@ -1389,6 +1390,7 @@ def test_clone_and_to_copy_equal_the_cpu(mode):
         "clone": lambda t: t.clone(),
         "clone contiguous": lambda t: t.clone(memory_format=torch.contiguous_format),
         "to copy": lambda t: t.to(copy=True),
+        "to copy contiguous": lambda t: t.to(copy=True, memory_format=torch.contiguous_format),
         "to own dtype": lambda t: t.to(t.dtype, copy=True),
         "to float64": lambda t: t.to(torch.float64) if not t.is_complex() else t.to(torch.complex128),
     }
@@ -1413,7 +1415,10 @@ def test_clone_and_to_copy_copy_blocks_where_they_apply_and_only_there():
         assert runs(lambda: ids.clone()) == 1
         assert runs(lambda: x.to(copy=True, dtype=torch.float32)) == 1
         assert runs(lambda: x.clone(memory_format=torch.contiguous_format)) == 1  # already contiguous: the same
-        assert runs(lambda: x.t().clone(memory_format=torch.contiguous_format)) == 0
+        # row-major save its size-1 dims: the contiguous result holds the same bytes
+        assert runs(lambda: ids.clone(memory_format=torch.contiguous_format)) == 1
+        assert runs(lambda: x.t().clone(memory_format=torch.contiguous_format)) == 1
+        assert runs(lambda: x.view(9, 11).t().clone(memory_format=torch.contiguous_format)) == 0
         assert runs(lambda: x[:, ::2].clone()) == 0
         assert runs(lambda: x.double()) == 0
         assert runs(lambda: x.cpu()) == 0

@@ -779,23 +779,29 @@ void register_all(torch::Library& m) {
 
 // A decoding step clones its last logits and ids and copies the logits to float32, their
 // own dtype. With the memory format preserved, both make empty_strided(self's sizes and
-// strides) for a non-overlapping, dense self and copy it (as the contiguous format does for
-// a row-major self): the result's bytes are self's, in one block. Other calls (a new dtype,
-// device or format, conjugate or negative bits, strided or empty tensors, ops recorded
-// rather than run at once) take torch's own kernels.
-bool copies_as_one_block(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
-  if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return false;
+// strides) for a non-overlapping, dense self and copy it; with the contiguous format, a
+// row-major result, whose bytes are self's in the same order when self is row-major save its
+// size-1 dims (generate()'s last token, [1, 1] with strides (length, 1)). Either way the
+// result's bytes are self's, in one block. Other calls (a new dtype, device or format,
+// conjugate or negative bits, strided or empty tensors, ops recorded rather than run at once)
+// take torch's own kernels. Returns the result's strides when it is such a copy.
+std::optional<c10::SmallVector<int64_t, 6>> one_block_copy_strides(const at::Tensor& self,
+                                                                   std::optional<c10::MemoryFormat> format) {
+  if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return std::nullopt;
   const auto f = format.value_or(c10::MemoryFormat::Preserve);
-  if (f == c10::MemoryFormat::Preserve) return self.is_non_overlapping_and_dense();
-  return f == c10::MemoryFormat::Contiguous && row_major(self);  // the result's strides are self's
+  if (f == c10::MemoryFormat::Preserve && self.is_non_overlapping_and_dense()) {
+    return c10::SmallVector<int64_t, 6>(self.strides().begin(), self.strides().end());
+  }
+  if (f == c10::MemoryFormat::Contiguous && dense_row_major(self)) return row_major_strides(self.sizes());
+  return std::nullopt;
 }
 
-std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, const char* name) {
+std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArrayRef strides, const char* name) {
   const at::Tensor* inputs[] = {&self};
   if (!interceptor().begin_unboxed_op(inputs, name)) return std::nullopt;
   UnboxedScope scope;
   interceptor().check_readable(self);
-  return write_new_result(self.device().index(), name, self.sizes(), self.strides(), self.scalar_type(),
+  return write_new_result(self.device().index(), name, self.sizes(), strides, self.scalar_type(),
                           [&](const at::Tensor& out) {
                             std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(),
                                         static_cast<size_t>(self.numel()) * self.element_size());
@@ -803,8 +809,8 @@ std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, const char*
 }
 
 at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
-  if (copies_as_one_block(self, format)) {
-    if (auto copy = block_copy_at_once(self, at::_ops::clone::name)) return std::move(*copy);
+  if (const auto strides = one_block_copy_strides(self, format)) {
+    if (auto copy = block_copy_at_once(self, *strides, at::_ops::clone::name)) return std::move(*copy);
   }
   return at::compositeexplicitautograd::clone(self, format);
 }
@@ -815,8 +821,10 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, 
   const bool same_tensor_kind = (!dtype.has_value() || *dtype == self.scalar_type()) &&
                                 (!layout.has_value() || *layout == c10::kStrided) &&
                                 (!device.has_value() || *device == self.device()) && !pin_memory.value_or(false);
-  if (same_tensor_kind && copies_as_one_block(self, format)) {
-    if (auto copy = block_copy_at_once(self, at::_ops::_to_copy::name)) return std::move(*copy);
+  if (same_tensor_kind) {
+    if (const auto strides = one_block_copy_strides(self, format)) {
+      if (auto copy = block_copy_at_once(self, *strides, at::_ops::_to_copy::name)) return std::move(*copy);
+    }
   }
   return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
 }
