@@ -1210,9 +1210,11 @@ def test_probes_grow_rarer_while_the_same_ops_keep_missing() -> None:
 
 
 def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
-    """A notebook cell running generate() twice: the second call meets, at a few lengths, the
-    graphs its first call's probes built. Those few hits must not make every other length record
-    a graph again (the old policy built a graph per step for the whole second call)."""
+    """A notebook cell running generate() twice: the second call goes on running ops at once
+    from its first step, and probes rarely (its stretches never repeat one another; the probe
+    interval keeps doubling). The policy before probed every 16-64 waits, and a rule before
+    that let the few probes that met the first call's graphs switch every length back to
+    recording (a graph per step for the whole second call)."""
     ae.clear_graph_cache()
     ae.reset_counters()
     w = torch.randn(8, 8, device="neuron")
@@ -1226,10 +1228,29 @@ def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
     one_pass()
     second = ae.counters()
     assert second["graphs_unrepeated"]
-    assert second["cache_hits"] > 0  # it did meet the first pass's graphs
     built = second["graphs_built"] - first["graphs_built"]
-    assert built < 100, f"the second pass built {built} graphs for 150 steps"
-    assert second["ops_run_at_once"] - first["ops_run_at_once"] > 150
+    assert built <= 4, f"the second pass built {built} graphs for 150 steps (probes only)"
+    assert second["ops_run_at_once"] - first["ops_run_at_once"] > 5 * 150
+
+
+def test_recording_resumes_when_stretches_run_at_once_repeat() -> None:
+    """Probes come rarely while shapes keep growing (the interval doubles, up to 1024 waits).
+    A program that then repeats (a training loop after generate()) is seen without waiting for
+    the next probe: four stretches in a row (ops and shapes between two host waits) that each
+    repeat an earlier one begin a probe, and recording resumes a few steps later."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(8, 8, device="neuron")
+    for n in range(1, 151):  # growing shapes: at once, probes ever rarer
+        _step_of_length(n, w)
+    assert ae.counters()["graphs_unrepeated"]
+    x = torch.randn(4, 8, device="neuron")
+    for step in range(40):
+        assert (torch.tanh(x @ w) * 2 + 1).sum().item() == pytest.approx(float((torch.tanh(x.cpu() @ w.cpu()) * 2 + 1).sum()))
+        if not ae.counters()["graphs_unrepeated"]:
+            break
+    assert not ae.counters()["graphs_unrepeated"], "recording never resumed"
+    assert step < 25, f"recording resumed after {step + 1} steps"
 
 
 @pytest.mark.parametrize("dropouts", [2, 5])

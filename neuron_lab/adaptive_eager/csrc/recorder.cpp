@@ -98,6 +98,23 @@ void Counters::reset() {
 
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
+namespace {
+// What this thread ran at once since its last host wait of the program's own: a hash of each
+// op (its identity) and its tensors' sizes, in order. A decoding loop's stretch (one token)
+// never repeats, its KV length grows; a training step's repeats exactly, step after step.
+constexpr uint64_t kEmptyStretch = 0xcbf29ce484222325ull;  // FNV-1a's offset basis
+thread_local uint64_t tl_stretch = kEmptyStretch;
+
+inline void fold(uint64_t& hash, uint64_t value) { hash = (hash ^ value) * 0x100000001b3ull; }
+
+void fold_sizes(uint64_t& hash, const at::Tensor& t) {
+  if (!t.defined()) return fold(hash, 0);
+  fold(hash, static_cast<uint64_t>(t.dim()));
+  for (const int64_t size : t.sizes()) fold(hash, static_cast<uint64_t>(size));
+}
+}  // namespace
+
+
 void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   window_ = ((window_ << 1) | (hit ? 1u : 0u)) & ((uint64_t{1} << kWindow) - 1);
@@ -108,6 +125,8 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   if (unrepeated_.load()) {
     // Only probes decide the way back; a probe that misses ends now.
     if (probing_.load() && !hit) {
+      // Repeated stretches whose graphs missed: ask for more of them before the next probe.
+      if (probe_from_repeats_) repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
       end_probe_locked();
       const bool same_ops = std::find(missed_ops_.begin(), missed_ops_.end(), ops_hash) != missed_ops_.end();
       probe_every_ = same_ops ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
@@ -152,6 +171,8 @@ bool RepeatTracker::note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, in
 
 void RepeatTracker::note_host_wait(Reason reason) {
   if (!unrepeated_.load(std::memory_order_relaxed)) return;
+  // A random op's wait falls inside a stretch; the program's own waits end one.
+  const uint64_t stretch = reason == Reason::RandomOp ? kEmptyStretch : std::exchange(tl_stretch, kEmptyStretch);
   std::lock_guard<std::mutex> lock(mutex_);
   if (probing_.load()) {
     // A probe's stretch ended with every launch a cache hit. One such stretch is not
@@ -169,6 +190,22 @@ void RepeatTracker::note_host_wait(Reason reason) {
   // at the wait a random op run at once makes so that it draws in order: that one falls in
   // the middle of a step (a dropout), where no cached graph starts, so a probe begun there
   // always missed (a training loop after generate() ran at once for 6 to 12 steps).
+  if (stretch != kEmptyStretch) {
+    // The program ran these ops on these shapes before. Several such stretches in a row: it
+    // repeats, and so would its graphs. (One is not enough: a hand-written decoding loop's
+    // fixed-shape prefix repeats every step, the rest of the step grows.)
+    const bool repeated = std::find(recent_stretches_.begin(), recent_stretches_.end(), stretch) !=
+                          recent_stretches_.end();
+    if (!repeated) recent_stretches_[next_stretch_++ % recent_stretches_.size()] = stretch;
+    repeated_stretches_ = repeated ? repeated_stretches_ + 1 : 0;
+    if (repeated_stretches_ >= repeats_to_probe_) {
+      repeated_stretches_ = 0;
+      waits_ = 0;
+      probing_ = true;
+      probe_from_repeats_ = true;
+      return;
+    }
+  }
   if (++waits_ >= probe_every_ && reason != Reason::RandomOp) {
     waits_ = 0;
     probing_ = true;
@@ -176,6 +213,7 @@ void RepeatTracker::note_host_wait(Reason reason) {
 }
 
 void RepeatTracker::end_probe_locked() {
+  probe_from_repeats_ = false;
   probing_ = false;
   probe_launched_ = false;
   repeating_probes_ = 0;
@@ -191,6 +229,9 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
   seen_ = 0;
   recorded_misses_.fill(0);
   regrown_misses_ = 0;
+  recent_stretches_.fill(0);
+  repeated_stretches_ = 0;
+  repeats_to_probe_ = kRepeatsToProbe;
   trace::Event e;
   e.time_ns = trace::now_ns();
   e.kind = "policy";
@@ -232,6 +273,11 @@ void RepeatTracker::reset() {
   recorded_misses_.fill(0);
   next_recorded_miss_ = 0;
   regrown_misses_ = 0;
+  recent_stretches_.fill(0);
+  next_stretch_ = 0;
+  repeated_stretches_ = 0;
+  repeats_to_probe_ = kRepeatsToProbe;
+  probe_from_repeats_ = false;
   probe_launched_ = false;
   unrepeated_ = probing_ = small_ops_ = false;
 }
@@ -513,9 +559,11 @@ struct Scan {
   bool host_tensor = false;
   int64_t written_bytes = 0;
   bool out_args_fresh = true;
+  uint64_t sizes = kEmptyStretch;  // a hash of the tensors' sizes, for the stretch run at once
 };
 
 void scan_tensor(Scan& scan, const at::Tensor& t, bool write, bool out_arg) {
+  fold_sizes(scan.sizes, t);
   if (!t.defined()) return;
   if (t.device().type() == kNeuron) {
     if (scan.device < 0) {
@@ -631,6 +679,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (scan.device < 0) return refuse("none of its arguments is on a neuron device");
   if (runs_at_once(scan.device)) {
     tl_run_at_once = true;
+    fold(tl_stretch, reinterpret_cast<uintptr_t>(&cls));  // the op: its class, cached for the process
+    fold(tl_stretch, scan.sizes);
     return false;
   }
 
@@ -898,6 +948,8 @@ bool begin_unboxed_op(c10::ArrayRef<const at::Tensor*> tensors, std::string_view
   }
   if (!runs_at_once(tensors.front()->device().index())) return false;
   tl_in_at_once_kernel = true;
+  fold(tl_stretch, reinterpret_cast<uintptr_t>(what.data()));  // the op: its name, a static string
+  for (const at::Tensor* t : tensors) fold_sizes(tl_stretch, *t);
   for (const at::Tensor* t : tensors) {
     wait_for_storage(t->storage());
     materialize(t->storage());
