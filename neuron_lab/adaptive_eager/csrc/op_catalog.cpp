@@ -4,6 +4,7 @@
 #include "adaptive_eager.h"
 
 #include <ATen/core/enum_tag.h>
+#include <torch/csrc/jit/runtime/operator.h>
 
 #include <algorithm>
 #include <array>
@@ -20,50 +21,17 @@ namespace neuron::lazy {
 namespace {
 
 
-// The overload names of every registered operator, by operator name: a twin is looked up
-// among an op's own overloads instead of copying the dispatcher's list of all operator
-// names for every op classified (18M instructions of a first generate() call). The
-// dispatcher keeps the index current (a registration listener): an op registered later,
-// a custom op or one torch registers from Python on first use, is added as it registers,
-// instead of the whole index being rebuilt for it (~0.9M instructions each time).
-class OverloadIndex final : public c10::OpRegistrationListener {
- public:
-  void onOperatorRegistered(const c10::OperatorHandle& op) override {
-    const auto& name = op.operator_name();
-    std::lock_guard<std::mutex> lock(mutex_);
-    index_[name.name].push_back(name.overload_name);
-  }
-  void onOperatorDeregistered(const c10::OperatorHandle& op) override {
-    const auto& name = op.operator_name();
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = index_.find(name.name);
-    if (it == index_.end()) return;
-    auto& overloads = it->second;
-    overloads.erase(std::remove(overloads.begin(), overloads.end(), name.overload_name), overloads.end());
-  }
-  // A copy: the caller looks the overloads up in the dispatcher, which must not run under
-  // this lock (the dispatcher calls the listener with its own lock held).
-  std::vector<std::string> overloads_of(const std::string& name) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = index_.find(name);
-    return it == index_.end() ? std::vector<std::string>{} : it->second;
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<std::string, std::vector<std::string>> index_;
-};
-
+// The overload names of an operator, from TorchScript's operator registry, which torch keeps
+// indexed by name (every dispatcher op is added as it registers, custom ops too). It replaces
+// an index of our own that registered a listener with the dispatcher: the dispatcher told it
+// of every op registered so far at once, 3M instructions (~1 ms) on the first op a process
+// records (a first generate() call's set-up).
 std::vector<std::string> overloads_of(const c10::OperatorName& op) {
-  static OverloadIndex* index = [] {
-    auto listener = std::make_unique<OverloadIndex>();
-    OverloadIndex* kept = listener.get();
-    // Told of every op registered so far, then of each one as it registers; never
-    // removed (the handle is leaked with the index, which lives until exit).
-    new c10::RegistrationHandleRAII(c10::Dispatcher::singleton().addRegistrationListener(std::move(listener)));
-    return kept;
-  }();
-  return index->overloads_of(op.name);
+  std::vector<std::string> names;
+  for (const auto& candidate : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op.name))) {
+    names.push_back(candidate->schema().overload_name());
+  }
+  return names;
 }
 
 // The out= overload of a functional op whose every result is a plain tensor: the
