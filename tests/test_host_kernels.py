@@ -1519,3 +1519,28 @@ def test_small_sum_and_mean_run_where_they_apply_and_only_there():
         assert runs(lambda: x.half().sum(-1)) == 0
         assert runs(lambda: x.view(4, 8).t().sum(-1)) == 0
         assert runs(lambda: torch.randn(2, 20000, device="neuron").sum(-1)) == 0
+
+
+# ---- the CPU's flash attention called on the device's tensors ----------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_on_the_device_tensors_equals_the_cpu(mode, causal):
+    """The CPU's flash-attention function called on the device's tensors: one query (a decode
+    step) and several, grouped heads' layouts (transposed from [batch, length, heads, dim]),
+    a float mask; results and their strides as the CPU's, bit for bit."""
+    g = torch.Generator().manual_seed(32)
+    for batch, heads, q_len, kv_len, dim in [(1, 4, 1, 9, 8), (2, 2, 5, 5, 16), (1, 4, 1, 300, 8), (1, 2, 7, 7, 64)]:
+        q, k, v = (torch.randn(batch, n, heads, dim, generator=g).transpose(1, 2) for n in (q_len, kv_len, kv_len))
+        masks = [None] if causal else [None, torch.randn(batch, 1, q_len, kv_len, generator=g)]
+        for mask in masks:
+            expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+            on_device = [same_layout_on_device(t) for t in (q, k, v)]
+            device_mask = None if mask is None else mask.to("neuron")
+            got = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*on_device, 0.0, causal, attn_mask=device_mask)
+            for e, r in zip(expected, got):
+                assert r.device.type == "neuron" and r.stride() == e.stride(), (q.shape, k.shape)
+                assert torch.equal(bits(r.cpu()), bits(e)), (q.shape, k.shape, mask is not None)
+    with neuron_lab.mode("blocking"):
+        q = torch.randn(1, 2, 1, 8, device="neuron")
+        assert runs(lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, causal)) == 1

@@ -69,6 +69,7 @@
 #include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
@@ -657,6 +658,33 @@ struct AtOnceKernel<at::_ops::native_layer_norm> {
       run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
                      std::get<2>(results));
       return results;
+    });
+  }
+};
+
+// The CPU's flash attention (two a decode step) on the device's tensors themselves. ATen's
+// CPU function allocates its results with the query's options (on the device, through its
+// allocator), calls the kernel through its dispatch stub for the CPU explicitly, and returns
+// transposed views: nothing in it asks for a CPU tensor, and the kernel reads the bytes
+// through their pointers, host memory. The same function on the same bytes and strides: the
+// CPU's bits, without host aliases of the three inputs and the results mapped back.
+template <>
+struct AtOnceKernel<at::_ops::_scaled_dot_product_flash_attention_for_cpu> {
+  static constexpr bool exists = true;
+  using Result = std::tuple<at::Tensor, at::Tensor>;
+  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& query, const at::Tensor& key,
+                                   const at::Tensor& value, double dropout_p, bool is_causal,
+                                   const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+    for (const at::Tensor* t : {&query, &key, &value}) {
+      if (!bytes_are_values(*t)) return std::nullopt;
+    }
+    if (attn_mask.has_value() && attn_mask->defined() &&
+        (attn_mask->device() != query.device() || !bytes_are_values(*attn_mask))) {
+      return std::nullopt;
+    }
+    return run_host_kernel_at_once(device, at::_ops::_scaled_dot_product_flash_attention_for_cpu::name, [&] {
+      return at::native::_scaled_dot_product_flash_attention_cpu(query, key, value, dropout_p, is_causal, attn_mask,
+                                                                 scale);
     });
   }
 };
