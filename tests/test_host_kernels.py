@@ -1521,6 +1521,50 @@ def test_small_sum_and_mean_run_where_they_apply_and_only_there():
         assert runs(lambda: torch.randn(2, 20000, device="neuron").sum(-1)) == 0
 
 
+# ---- structured unary ops' own classes on the device's tensors (cpu_stubs.cpp) ----------------
+
+
+STRUCTURED_UNARY = {"cos": torch.cos, "sin": torch.sin, "tanh": torch.tanh, "silu": F.silu}
+
+
+def structured_unary_sources() -> list[torch.Tensor]:
+    """Floating-point tensors of every layout TensorIterator treats apart: contiguous (vector
+    blocks and a tail), transposed, sliced with steps, size-1 dims of other strides, 0-dim,
+    empty, more than GRAIN_SIZE elements (split between threads), the reduced-precision
+    dtypes; special values among them."""
+    g = torch.Generator().manual_seed(31)
+    base = torch.randn(3, 5, 37, generator=g) * 4
+    return [
+        base, special_floats(torch.float32, 70), base.transpose(0, 2), base[:, ::2, 1:], base.double(),
+        base.half(), base.to(torch.bfloat16), with_unit_strides(torch.randn(1, 4, 1, 8, generator=g), {2: 32}),
+        torch.tensor(0.75), torch.empty(0, 3), torch.randn(70000, generator=g),
+    ]
+
+
+def test_structured_unary_ops_equal_the_cpu_bit_for_bit(mode):
+    for source in structured_unary_sources():
+        on_device = same_layout_on_device(source) if source.numel() else source.to("neuron")
+        for name, fn in STRUCTURED_UNARY.items():
+            expected = fn(source)
+            for _ in range(2):
+                got = fn(on_device).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
+                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
+                assert torch.equal(bits(got), bits(expected)), (name, source.dtype, source.shape)
+
+
+def test_structured_unary_ops_run_on_the_device_tensors_where_they_apply_and_only_there():
+    x = torch.randn(1, 1, 8, device="neuron")
+    with neuron_lab.mode("blocking"):
+        for fn in STRUCTURED_UNARY.values():
+            assert runs(lambda: fn(x)) == 1
+            assert runs(lambda: fn(x.transpose(0, 2))) == 1
+        ints = torch.arange(5, device="neuron")
+        assert runs(lambda: torch.cos(ints)) == 0  # promoted to float: the host-alias path
+        assert runs(lambda: torch.complex(x, x).conj().tanh()) == 0
+        assert torch.equal(torch.cos(ints).cpu(), torch.cos(torch.arange(5)))
+
+
 # ---- the CPU's flash attention called on the device's tensors ----------------------------
 
 

@@ -17,6 +17,7 @@
 #include "interceptor.h"
 #include "runtime.h"
 #include "blas_matmul.h"
+#include "cpu_stubs.h"
 #include "dense_cat.h"
 #include "dense_index_select.h"
 #include "dense_layout.h"
@@ -70,6 +71,10 @@
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
+#include <ATen/ops/silu_native.h>
+#include <ATen/ops/tanh_native.h>
+#include <ATen/ops/sin_native.h>
+#include <ATen/ops/cos_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
@@ -661,6 +666,60 @@ struct AtOnceKernel<at::_ops::native_layer_norm> {
     });
   }
 };
+
+// Structured unary ops (rotary embeddings' cos and sin, Llama's silu, GPT-2's tanh) run their
+// own structured class on the device's tensors, as the CPU's functional kernel runs it on its
+// own: meta builds the TensorIterator and asks for the result, made here on the device in the
+// layout the iterator chose (the CPU's), and impl calls the op's dispatch stub, whose device
+// entry is the CPU's kernel (cpu_stubs.h). The same iterator, kernel and bytes: the CPU's bits,
+// without a host alias of the input and the result mapped back. Floating-point inputs whose
+// bytes are their values; anything else keeps the host-alias path.
+template <class Structured>
+class StructuredOnDevice final : public Structured {
+ public:
+  void set_output_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) override {
+    make_output(index, sizes, strides, options);
+  }
+  void set_output_raw_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides,
+                              at::TensorOptions options) override {
+    make_output(index, sizes, strides, options);
+  }
+  const at::Tensor& maybe_get_output(int64_t /*index*/) override { return out_; }
+  at::Tensor& out() { return out_; }
+
+ private:
+  void make_output(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) {
+    const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
+    out_ = strides.empty() ? new_result(sizes, dtype) : new_result(sizes, strides, dtype);
+    Structured::set_output_raw_strided(index, sizes, strides, options);  // the iterator takes it
+  }
+  at::Tensor out_;
+};
+
+template <class Op, class Structured>
+struct StructuredUnaryKernel {
+  static constexpr bool exists = true;
+  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
+    static const bool stubs_on_device = point_device_stubs_at_cpu_kernels();
+    if (!stubs_on_device || !bytes_are_values(self) || !at::isFloatingType(self.scalar_type())) {
+      return std::nullopt;
+    }
+    return run_host_kernel_at_once(device, Op::name, [&] {
+      StructuredOnDevice<Structured> op;
+      op.meta(self);
+      op.impl(self, op.out());
+      return std::move(op.out());
+    });
+  }
+};
+template <>
+struct AtOnceKernel<at::_ops::cos> : StructuredUnaryKernel<at::_ops::cos, at::native::structured_cos_out> {};
+template <>
+struct AtOnceKernel<at::_ops::sin> : StructuredUnaryKernel<at::_ops::sin, at::native::structured_sin_out> {};
+template <>
+struct AtOnceKernel<at::_ops::tanh> : StructuredUnaryKernel<at::_ops::tanh, at::native::structured_tanh_out> {};
+template <>
+struct AtOnceKernel<at::_ops::silu> : StructuredUnaryKernel<at::_ops::silu, at::native::structured_silu_out> {};
 
 // The CPU's flash attention (two a decode step) on the device's tensors themselves. ATen's
 // CPU function allocates its results with the query's options (on the device, through its
