@@ -1369,6 +1369,20 @@ def test_the_stopping_criteria_kernels_run_where_they_apply_and_only_there():
 # ---- clone and same-device _to_copy as one block copy (unboxed_ops.cpp) ----------------------
 
 
+def check_calls_equal_the_cpu(sources, calls: dict, same) -> None:
+    """Each call on a device copy of each source (its layout kept), twice (at once or recorded,
+    then again), against the call on the CPU: dtype, shape, strides, and same(got, expected)."""
+    for source in sources:
+        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
+        for name, call in calls.items():
+            expected = call(source)
+            for _ in range(2):
+                got = call(on_device).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
+                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
+                assert same(got, expected), (name, source.dtype, source.shape)
+
+
 def copy_sources() -> list[torch.Tensor]:
     """Dense tensors of several layouts (contiguous, transposed, size-1 dims of other strides,
     0-dim) and dtypes, and ones the block copy leaves to torch: strided, empty, conjugate."""
@@ -1394,15 +1408,7 @@ def test_clone_and_to_copy_equal_the_cpu(mode):
         "to own dtype": lambda t: t.to(t.dtype, copy=True),
         "to float64": lambda t: t.to(torch.float64) if not t.is_complex() else t.to(torch.complex128),
     }
-    for source in copy_sources():
-        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
-        for name, call in calls.items():
-            expected = call(source)
-            for _ in range(2):
-                got = call(on_device).cpu()
-                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
-                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
-                assert torch.equal(got.resolve_conj(), expected.resolve_conj()), (name, source.shape)
+    check_calls_equal_the_cpu(copy_sources(), calls, lambda a, b: torch.equal(a.resolve_conj(), b.resolve_conj()))
     x = torch.randn(2, 1, 3, 3)
     assert torch.equal(x.to("neuron").clone(memory_format=torch.channels_last).cpu(), x)
 
@@ -1542,15 +1548,7 @@ def structured_unary_sources() -> list[torch.Tensor]:
 
 
 def test_structured_unary_ops_equal_the_cpu_bit_for_bit(mode):
-    for source in structured_unary_sources():
-        on_device = same_layout_on_device(source) if source.numel() else source.to("neuron")
-        for name, fn in STRUCTURED_UNARY.items():
-            expected = fn(source)
-            for _ in range(2):
-                got = fn(on_device).cpu()
-                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
-                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
-                assert torch.equal(bits(got), bits(expected)), (name, source.dtype, source.shape)
+    check_calls_equal_the_cpu(structured_unary_sources(), STRUCTURED_UNARY, lambda a, b: torch.equal(bits(a), bits(b)))
 
 
 def test_structured_unary_ops_run_on_the_device_tensors_where_they_apply_and_only_there():
