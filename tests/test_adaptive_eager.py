@@ -1136,19 +1136,19 @@ def _long_step_of_length(n: int, w: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def test_a_step_whose_shapes_grow_runs_at_once_after_two_regrown_graphs() -> None:
-    """The same operators missing the cache with new shapes twice are a loop whose shapes grow:
-    ops run at once from then on, without waiting for a window of 32 launches (generate()
-    recorded its first 11 tokens before; now its prompt and 2)."""
+def test_a_step_whose_shapes_grow_runs_at_once_after_three_regrown_graphs() -> None:
+    """The same operators missing the cache with new shapes three times are a loop whose shapes
+    grow: ops run at once from then on, without waiting for a window of 32 launches (generate()
+    recorded its first 11 tokens before; now 3 or 4)."""
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()
     w = torch.randn(8, 8, device="neuron")
-    for n in range(1, 5):  # the first step's graph also holds w's randn: steps 3 and 4 regrow step 2's
+    for n in range(1, 6):  # the first step's graph also holds w's randn: steps 3 to 5 regrow step 2's
         _long_step_of_length(n, w)
     c = ae.counters()
     assert c["graphs_unrepeated"], c
-    assert c["graphs_built"] <= 4, c["graphs_built"]
+    assert c["graphs_built"] <= 5, c["graphs_built"]
     events = _policy_events(start)
     assert [e.what for e in events] == ["ops run at once"], events
     assert "ran the operators of an earlier graph with new shapes" in events[0].detail

@@ -97,11 +97,11 @@ Policy& policy();
 // A loop whose shapes grow is recognised sooner than a full window: when kRegrownMisses
 // launches of small ops miss the cache although an earlier missed launch ran the same
 // operators (the same step with longer shapes), ops run at once from then on (generate()
-// then records its prompt and 2 tokens instead of its first 11). Only launches of at least
+// then records its first 3 or 4 tokens instead of its first 11). Only launches of at least
 // kMinRegrownOps ops count: a test running one op over many shapes is not a loop.
 class RepeatTracker {
  public:
-  static constexpr int kRegrownMisses = 2;
+  static constexpr int kRegrownMisses = 3;
   static constexpr int64_t kMinRegrownOps = 8;
   static constexpr int kWindow = 32;
   static constexpr int kProbeEvery = 64;
