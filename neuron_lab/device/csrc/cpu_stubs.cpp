@@ -16,6 +16,7 @@
 #include <ATen/native/UnaryOps.h>
 
 #include <string>
+#include <string_view>
 
 namespace neuron {
 namespace {
@@ -23,14 +24,14 @@ namespace {
 #if defined(__x86_64__) || defined(_M_X64)
 // The kernel the stub runs for the CPU: choose_cpu_impl's order for ATen's capability.
 template <class Stub>
-typename Stub::FnPtr cpu_kernel_of(const std::string& capability) {
+typename Stub::FnPtr cpu_kernel_of(std::string_view capability) {
   if (capability == "AVX512" && Stub::AVX512 != nullptr) return Stub::AVX512;
   if ((capability == "AVX512" || capability == "AVX2") && Stub::AVX2 != nullptr) return Stub::AVX2;
   return Stub::DEFAULT;
 }
 
 template <class Stub>
-bool point_at_cpu_kernel(Stub& stub, const std::string& capability) {
+bool point_at_cpu_kernel(Stub& stub, std::string_view capability) {
   const auto kernel = cpu_kernel_of<Stub>(capability);
   if (kernel == nullptr) return false;
   stub.set_privateuse1_dispatch_ptr(kernel);
@@ -38,12 +39,10 @@ bool point_at_cpu_kernel(Stub& stub, const std::string& capability) {
 }
 #endif
 
-}  // namespace
-
 bool point_device_stubs_at_cpu_kernels() {
 #if defined(__x86_64__) || defined(_M_X64)
-  const std::string capability = at::get_cpu_capability();
-  if (capability != "AVX512" && capability != "AVX2" && capability != "DEFAULT") return false;
+  const char* capability = aten_x86_capability();
+  if (capability == nullptr) return false;
   namespace native = at::native;
   bool ok = true;
   ok = point_at_cpu_kernel(native::cos_stub, capability) && ok;
@@ -54,6 +53,28 @@ bool point_device_stubs_at_cpu_kernels() {
 #else
   return false;
 #endif
+}
+
+}  // namespace
+
+const char* aten_x86_capability() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const char* const known = [] {
+    const std::string capability = at::get_cpu_capability();
+    for (const char* name : {"AVX512", "AVX2", "DEFAULT"}) {
+      if (capability == name) return name;
+    }
+    return static_cast<const char*>(nullptr);
+  }();
+  return known;
+#else
+  return nullptr;
+#endif
+}
+
+bool device_stubs_run_cpu_kernels() {
+  static const bool pointed = point_device_stubs_at_cpu_kernels();
+  return pointed;
 }
 
 }  // namespace neuron

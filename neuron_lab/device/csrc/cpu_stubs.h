@@ -11,9 +11,14 @@
 
 namespace neuron {
 
-// Points the stubs of the ops unboxed_ops.cpp runs through their structured classes at the
-// CPU's kernels, for PrivateUse1. Returns false where this build cannot (a non-x86 torch):
-// those ops then keep the host-alias path.
-bool point_device_stubs_at_cpu_kernels();
+// The x86 capability ATen's CPU kernels run with ("AVX512", "AVX2" or "DEFAULT", which
+// ATEN_CPU_CAPABILITY can lower), or nullptr on a build this file does not know (not x86):
+// host kernels that reproduce an ATen kernel's order of operations take only known ones.
+const char* aten_x86_capability();
+
+// Whether the stubs of the ops unboxed_ops.cpp runs through their structured classes point
+// at the CPU's kernels for PrivateUse1 (done on the first call). False where this build
+// cannot (a non-x86 torch): those ops then keep the host-alias path.
+bool device_stubs_run_cpu_kernels();
 
 }  // namespace neuron

@@ -1,33 +1,21 @@
 // Small sum and mean over rows in ATen's order of additions (small_sum.h says what they take).
 #include "small_sum.h"
 
+#include "cpu_stubs.h"
 #include "dense_layout.h"
 
-#include <ATen/Version.h>  // at::get_cpu_capability
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
-#include <c10/util/irange.h>
 
 #include <array>
-#include <string>
 
 namespace neuron {
 namespace {
 
-// The width of ATen's vectors in bytes in its sum kernel: 32 (8 floats). SumKernel.cpp
-// registers with REGISTER_DISPATCH, which leaves the AVX512 slot empty, so an AVX512 CPU runs
-// the AVX2 kernel; with no capability the generic Vectorized is 32 bytes too. 0 where this
-// file does not know the capability (a non-x86 build, another capability name).
-int vector_bytes() {
-#if defined(__x86_64__) || defined(_M_X64)
-  static const int bytes = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX512" || capability == "AVX2" || capability == "DEFAULT" ? 32 : 0;
-  }();
-  return bytes;
-#else
-  return 0;
-#endif
-}
+// The width of ATen's vectors in its sum kernel: 32 bytes (8 floats, 4 doubles) under every
+// x86 capability. SumKernel.cpp registers with REGISTER_DISPATCH, which leaves the AVX512 slot
+// empty, so an AVX512 CPU runs the AVX2 kernel; with no capability the generic Vectorized is
+// 32 bytes too.
+constexpr int kVectorBytes = 32;
 
 // One of ATen's vector accumulators: W lanes, each added to on its own.
 template <class T, int W>
@@ -126,8 +114,7 @@ std::optional<SmallSum> plan_small_sum(const at::Tensor& self, at::OptionalIntAr
   if (row < 2 || self.numel() >= at::internal::GRAIN_SIZE || !bytes_are_values(self) || !dense_row_major(self)) {
     return std::nullopt;
   }
-  const int bytes = vector_bytes();
-  if (bytes == 0) return std::nullopt;
+  if (aten_x86_capability() == nullptr) return std::nullopt;  // another vector width, another order
   SmallSum plan;
   plan.sizes.assign(self.sizes().begin(), self.sizes().end());
   if (keepdim) {
@@ -137,22 +124,17 @@ std::optional<SmallSum> plan_small_sum(const at::Tensor& self, at::OptionalIntAr
   }
   plan.row = row;
   plan.rows = self.numel() / row;
-  plan.lanes = bytes / static_cast<int>(self.element_size());
   return plan;
 }
 
 void run_small_sum(const SmallSum& plan, const at::Tensor& self, bool mean, const at::Tensor& out) {
-  const auto lanes = plan.lanes;
   if (self.scalar_type() == at::kFloat) {
-    const float* x = self.const_data_ptr<float>();
-    float* y = out.mutable_data_ptr<float>();
-    if (lanes == 8) return sum_rows<float, 8>(plan, x, mean, y);
-  } else if (self.scalar_type() == at::kDouble) {
-    const double* x = self.const_data_ptr<double>();
-    double* y = out.mutable_data_ptr<double>();
-    if (lanes == 4) return sum_rows<double, 4>(plan, x, mean, y);
+    return sum_rows<float, kVectorBytes / sizeof(float)>(plan, self.const_data_ptr<float>(), mean,
+                                                          out.mutable_data_ptr<float>());
   }
-  TORCH_INTERNAL_ASSERT(false, "neuron: small sum planned for ", self.scalar_type(), " with ", lanes, " lanes");
+  TORCH_INTERNAL_ASSERT(self.scalar_type() == at::kDouble, "neuron: small sum planned for ", self.scalar_type());
+  sum_rows<double, kVectorBytes / sizeof(double)>(plan, self.const_data_ptr<double>(), mean,
+                                                  out.mutable_data_ptr<double>());
 }
 
 }  // namespace neuron

@@ -27,7 +27,6 @@ struct SmallSum {
   c10::SmallVector<int64_t, 6> sizes;  // the result's (contiguous)
   int64_t rows = 0;                    // rows reduced, one result element each
   int64_t row = 0;                     // elements a row
-  int lanes = 0;                       // elements in ATen's vector of this dtype
 };
 
 // The plan for sum or mean of `self` over `dim`, or nullopt when the small kernel does not take it.

@@ -700,8 +700,7 @@ template <class Op, class Structured>
 struct StructuredUnaryKernel {
   static constexpr bool exists = true;
   static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    static const bool stubs_on_device = point_device_stubs_at_cpu_kernels();
-    if (!stubs_on_device || !bytes_are_values(self) || !at::isFloatingType(self.scalar_type())) {
+    if (!device_stubs_run_cpu_kernels() || !bytes_are_values(self) || !at::isFloatingType(self.scalar_type())) {
       return std::nullopt;
     }
     return run_host_kernel_at_once(device, Op::name, [&] {
