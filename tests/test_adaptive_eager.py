@@ -1253,6 +1253,40 @@ def test_recording_resumes_when_stretches_run_at_once_repeat() -> None:
     assert step < 25, f"recording resumed after {step + 1} steps"
 
 
+def test_recording_resumes_for_a_program_whose_period_is_many_stretches() -> None:
+    """A training loop over 12 bucketed batch sizes, cached in its first epochs, then a loop
+    whose shapes grow (ops run at once), then the training loop again. Its stretches repeat
+    with a period of 12: the runtime remembers the last 64 stretches, sees the repeats within
+    the second pass over the buckets and probes; the probe meets the cached graphs and
+    recording resumes. (Remembering 8 missed every repeat of a period of 12; only the
+    fallback probe, after 256 host waits, would have found it.)"""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(64, 64, device="neuron")
+    buckets = [torch.randn(100 + k, 64, device="neuron") for k in range(12)]
+    expected = [float((torch.tanh(x.cpu() @ w.cpu()) * 2 + 1).sum()) for x in buckets]
+
+    def train_step(x: torch.Tensor) -> float:  # ~25 KiB written per op: not small ops
+        return (torch.tanh(x @ w) * 2 + 1).sum().item()
+
+    for _ in range(3):
+        for x in buckets:
+            train_step(x)
+    assert not ae.counters()["graphs_unrepeated"], "the bucketed loop stopped recording"
+    small = torch.randn(8, 8, device="neuron")
+    for n in range(1, 21):  # growing shapes: ops run at once (5 host waits a step)
+        _step_of_length(n, small)
+    assert ae.counters()["graphs_unrepeated"]
+    built = ae.counters()["graphs_built"]
+    for step in range(36):  # one host wait a step, the loss
+        assert train_step(buckets[step % len(buckets)]) == pytest.approx(expected[step % len(buckets)])
+        if not ae.counters()["graphs_unrepeated"]:
+            break
+    assert not ae.counters()["graphs_unrepeated"], "recording never resumed"
+    assert step < 24, f"recording resumed after {step + 1} steps"
+    assert ae.counters()["graphs_built"] == built, "the probes met graphs not cached before"
+
+
 @pytest.mark.parametrize("dropouts", [2, 5])
 def test_probes_begin_at_the_loops_own_waits_not_at_a_random_ops(dropouts: int) -> None:
     """A notebook trains, generates (ops then run at once) and trains again. Running at once,

@@ -83,17 +83,19 @@ Policy& policy();
 // the next. While ops run at once, it records the next stretch of ops again (a probe:
 // from one host wait of the program's own to the next, a natural boundary) when the
 // last kRepeatsToProbe stretches in a row each ran the same ops on the same shapes as one
-// of the 8 before (a hash of each op and its tensors' sizes: the program repeats, so would
-// its graphs; a decoding loop's stretches never do, its KV length grows; a probe begun so
-// that misses doubles the count asked for, up to kMaxRepeatsToProbe), and otherwise after
-// kProbeEvery host waits (programs that repeat in other ways).
+// of the kRecentStretches before (a hash of each op and its tensors' sizes: the program
+// repeats, so would its graphs; a decoding loop's stretches never do, its KV length grows;
+// a probe begun so that misses doubles the count asked for, up to kMaxRepeatsToProbe), and
+// otherwise after kProbeEvery host waits (a program whose period is longer than
+// kRecentStretches stretches).
 // When kRepeatingProbes stretches in a row launch only cached graphs, the program
 // repeats again and recording resumes; a probe ends at its first miss. A missed probe
 // whose ops (the sequence of operators, whatever their shapes) an earlier missed probe
 // also ran is the same program with grown shapes: the waits to the next probe double, up
-// to kMaxProbeEvery (400 tokens of generate() probe 4 times, not 9 with the old fixed
-// schedule, each ~0.7 ms). Ops not seen before mean the program changed: the next probe
-// comes after kProbeEvery waits again.
+// to kMaxProbeEvery. Ops not seen before mean the program changed: the next probe comes
+// after kProbeEvery waits again. Each missed probe costs a decoding loop a token recorded
+// and replayed (~0.7 ms): 400 tokens of generate() probe once (9 times with the first,
+// fixed schedule of 16 to 64 waits; twice with 64 waits doubling).
 // A loop whose shapes grow is recognised sooner than a full window: when kRegrownMisses
 // launches of small ops miss the cache although an earlier missed launch ran the same
 // operators (the same step with longer shapes), ops run at once from then on (generate()
@@ -104,11 +106,12 @@ class RepeatTracker {
   static constexpr int kRegrownMisses = 3;
   static constexpr int64_t kMinRegrownOps = 8;
   static constexpr int kWindow = 32;
-  static constexpr int kProbeEvery = 64;
+  static constexpr int kProbeEvery = 256;
   static constexpr int kMaxProbeEvery = 1024;
   static constexpr int kRepeatingProbes = 2;
   static constexpr int kRepeatsToProbe = 4;
   static constexpr int kMaxRepeatsToProbe = 64;
+  static constexpr size_t kRecentStretches = 64;
   static constexpr int kMaxHitsUnrepeated = kWindow / 8;
   static constexpr int kMaxHitsOfSmallOps = kWindow / 2;
   static constexpr int64_t kSmallOpBytes = 16 << 10;
@@ -145,7 +148,7 @@ class RepeatTracker {
   bool note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, int64_t written_bytes);
   // Hashes of the last stretches run at once (a thread's ops and shapes between two of the
   // program's host waits): one that comes again means the program repeats.
-  std::array<uint64_t, 8> recent_stretches_{};
+  std::array<uint64_t, kRecentStretches> recent_stretches_{};
   size_t next_stretch_ = 0;
   int repeated_stretches_ = 0;                // in a row, up to the last wait
   int repeats_to_probe_ = kRepeatsToProbe;    // in a row, to begin a probe (doubles as such probes miss)
