@@ -1,12 +1,13 @@
 """Result metadata of ops whose meta kernel is torch's Python code, computed in C++
-(neuron_lab/adaptive_eager/csrc/shape_rules.cpp): layer norm, index_select and the CPU
-flash attention kernel. A recorded op's results must have the CPU's sizes, strides, dtype
+(neuron_lab/adaptive_eager/csrc/shape_rules.cpp): layer norm, index_select, the CPU
+flash attention kernel, and generate()'s set-up ops (masked_fill_, arange, where, max). A recorded op's results must have the CPU's sizes, strides, dtype
 and bits; the cases a rule takes run no Python to size them; the cases it declines still
 equal the CPU, and bad input still raises at the op."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import sys
 from typing import Callable, Iterator
@@ -154,6 +155,85 @@ def test_a_transformers_attention_is_recorded_without_python() -> None:
                                 norm.weight.detach(), norm.bias.detach(), name="aten::index_select")
 
 
+# ---- generate()'s set-up ops: masked_fill_, arange, where, max -------------------------------
+
+MASKED_FILL_CASES = {
+    "broadcast mask": lambda: (lambda x, m: torch.masked_fill(x, m, 0.0), torch.randn(4, 5), torch.rand(5) > 0.5),
+    "position ids (generate)": lambda: (lambda x, m: torch.masked_fill(x, m, 0), torch.arange(8).view(1, 8),
+                                        torch.tensor([[True, False] * 4])),
+    "0-d mask": lambda: (lambda x, m: torch.masked_fill(x, m, -2.5), torch.randn(3, 2), torch.tensor(True)),
+    "in place into a transposed view": lambda: (lambda x, m: (x * 1).t().masked_fill_(m, -1.0),
+                                                torch.randn(5, 4), torch.rand(4, 5) > 0.5),
+    "bf16, int value": lambda: (lambda x, m: torch.masked_fill(x, m, 3), torch.randn(2, 6).bfloat16(),
+                                torch.rand(2, 1) > 0.5),
+}
+
+
+@pytest.mark.parametrize("case", MASKED_FILL_CASES)
+def test_masked_fill_is_recorded_with_the_cpus_results(case: str) -> None:
+    op, *inputs = MASKED_FILL_CASES[case]()
+    check_recorded_like_the_cpu(op, *inputs, name="aten::masked_fill_")
+
+
+def arange_on(*args, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch.arange on the device of its one input (the inputs say where the op runs)."""
+    return lambda where: torch.arange(*args, device=where.device, **kwargs)
+
+
+ARANGE_CASES = {
+    "end": arange_on(7),
+    "start, end, step": arange_on(2, 20, 3),
+    "negative step": arange_on(10, -5, -4),
+    "empty": arange_on(5, 5),
+    "int32": arange_on(0, 9, 2, dtype=torch.int32),
+    "uint8 down": arange_on(200, 3, -7, dtype=torch.uint8),
+    "float steps": arange_on(0, 1, 0.1),
+    "double, fractional": arange_on(0.5, 3.25, 0.25, dtype=torch.double),
+    "float result of int bounds": arange_on(3, 40, 5, dtype=torch.float32),
+    "int64 near 2**52": arange_on(2**52 - 10, 2**52, 3),
+}
+
+
+@pytest.mark.parametrize("case", ARANGE_CASES)
+def test_arange_is_recorded_with_the_cpus_results(case: str) -> None:
+    check_recorded_like_the_cpu(ARANGE_CASES[case], torch.zeros(1), name="aten::arange")
+
+
+WHERE_CASES = {
+    "same shape": lambda: (torch.rand(4, 5) > 0.5, torch.randn(4, 5), torch.randn(4, 5)),
+    "broadcast": lambda: (torch.rand(4, 1) > 0.5, torch.randn(1, 5), torch.randn(5)),
+    "one-element operand": lambda: (torch.rand(3, 4) > 0.5, torch.tensor([2.0]), torch.randn(3, 4)),
+    "int64": lambda: (torch.rand(2, 3) > 0.5, torch.arange(6).view(2, 3), torch.zeros(2, 3, dtype=torch.long)),
+    "bool": lambda: (torch.rand(7) > 0.5, torch.rand(7) > 0.2, torch.rand(7) > 0.8),
+    "size-1 dims of odd strides": lambda: (torch.rand(1, 6) > 0.5, torch.randn(6, 1).t(), torch.randn(1, 6)),
+}
+
+
+@pytest.mark.parametrize("case", WHERE_CASES)
+def test_where_is_recorded_with_the_cpus_results(case: str) -> None:
+    check_recorded_like_the_cpu(torch.where, *WHERE_CASES[case](), name="aten::where")
+
+
+def test_where_of_a_python_number_is_recorded_with_the_cpus_dtype() -> None:
+    """generate()'s min-length processor: torch.where(mask, -inf, scores), a Python float
+    (a 0-dim double) against float32 scores: the result is float32."""
+    check_recorded_like_the_cpu(lambda mask, scores: torch.where(mask, -math.inf, scores),
+                                torch.rand(1, 50) > 0.9, torch.randn(1, 50), name="aten::where")
+
+
+MAX_CASES = {
+    "float": lambda: torch.randn(3, 4),
+    "transposed int": lambda: torch.randint(-9, 9, (4, 3)).t(),
+    "bool": lambda: torch.rand(5) > 0.5,
+    "one element, bf16": lambda: torch.randn(1).bfloat16(),
+}
+
+
+@pytest.mark.parametrize("case", MAX_CASES)
+def test_max_is_recorded_with_the_cpus_results(case: str) -> None:
+    check_recorded_like_the_cpu(torch.max, MAX_CASES[case](), name="aten::max")
+
+
 # ---- what the rules decline, and what ATen rejects ---------------------------------------
 
 
@@ -162,6 +242,20 @@ UNUSUAL = {
     "flash attention of an expanded query": lambda: flash(torch.randn(1, 2, 1, 8).expand(1, 2, 5, 8),
                                                           torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)),
     "layer norm with int64 weight": lambda: layer_norm(torch.randn(2, 3), [3], torch.ones(3, dtype=torch.long)),
+    "arange of fractional bounds into int64": lambda: torch.arange(0.5, 7.25, 1.5, dtype=torch.long),
+    "arange into half": lambda: torch.arange(0, 3, 0.25, dtype=torch.half),
+    "arange past 2**52": lambda: torch.arange(2**60, 2**60 + 7, 2),
+    "where of a transposed operand": lambda: torch.where(torch.rand(4, 5) > 0.5, torch.randn(5, 4).t(),
+                                                         torch.randn(4, 5)),
+    "where of a uint8 condition": lambda: torch.where(torch.tensor([1, 0, 1], dtype=torch.uint8),
+                                                      torch.randn(3), torch.randn(3)),
+    "where promoting a tensor operand": lambda: torch.where(torch.rand(3) > 0.5, torch.arange(3),
+                                                            torch.randn(3)),
+    "masked_fill_ of an expanded mask": lambda: torch.randn(3, 4).masked_fill_(
+        (torch.rand(1, 4) > 0.5).expand(3, 4), 1.0),
+    "max of complex": lambda: torch.randn(3, dtype=torch.cfloat).max(),
+    "masked_fill_ into overlapping elements (ATen warns)": lambda: torch.zeros(1).expand(3).masked_fill_(
+        torch.tensor([True, False, True]), 1.0),
 }
 
 
@@ -203,6 +297,16 @@ REJECTED = {
                                                      torch.randn(1, 2, 5, 8)),
     "flash attention of other head sizes": lambda: flash(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 4),
                                                          torch.randn(1, 2, 5, 4)),
+    "masked_fill_ with a float mask": lambda: torch.randn(3).masked_fill_(torch.tensor([1.0, 0.0, 1.0]), 0.0),
+    "masked_fill_ with a mask that does not broadcast": lambda: torch.randn(3).masked_fill_(
+        torch.tensor([True, False]), 0.0),
+    "arange with a zero step": lambda: torch.arange(0, 5, 0),
+    "arange against its step's sign": lambda: torch.arange(5, 0, 1),
+    "arange to infinity": lambda: torch.arange(0, math.inf, 1.0),
+    "where of a float condition": lambda: torch.where(torch.tensor([1.0, 0.0]), torch.randn(2), torch.randn(2)),
+    "where of shapes that do not broadcast": lambda: torch.where(torch.rand(3) > 0.5, torch.randn(3),
+                                                                 torch.randn(4)),
+    "max of an empty tensor": lambda: torch.randn(0).max(),
 }
 
 

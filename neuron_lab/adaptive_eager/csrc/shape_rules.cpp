@@ -1,15 +1,24 @@
-// Result metadata in C++ for the few ops a transformer's decode step records whose meta
-// kernel is torch's Python code: layer norm, embedding's index_select and the CPU flash
-// attention kernel. Calling that Python costs ~0.25M instructions a signature once it
-// is warm and ~1M while it is not, and generation meets new signatures every time the
-// KV cache grows. Each rule gives the metadata the CPU kernel gives (sizes, strides,
-// dtype); for a call ATen's checks reject it says run_inline(), so that the error is
-// raised at the op (Python meta kernels check less: index_select's takes a 2-d index,
-// and the error would surface at a later wait); any other call it is not sure of it
-// declines (std::nullopt), and the meta kernel decides as before.
+// Result metadata in C++ for the ops a transformer's decode step or generate()'s set-up
+// records whose meta kernel is torch's Python code: layer norm, embedding's index_select,
+// the CPU flash attention kernel, and generate()'s masked_fill_, arange, where and max.
+// Calling that Python costs ~0.25M instructions a signature once it is warm and ~0.4-1M
+// while it is not, and generation meets new signatures every time the KV cache grows (the
+// set-up ops: once, in a first call). Each rule gives the metadata the CPU kernel gives
+// (sizes, strides, dtype); for a call ATen's checks reject it says run_inline(), so that
+// the error is raised at the op (Python meta kernels check less: index_select's takes a
+// 2-d index, and the error would surface at a later wait); any other call it is not sure
+// of it declines (std::nullopt), and the meta kernel decides as before.
 #include "adaptive_eager.h"
 
+#include <ATen/ExpandUtils.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/result_type.h>
 #include <c10/util/strides.h>
+
+#include "../../device/csrc/dense_layout.h"
+
+#include <cmath>
+#include <limits>
 
 #include <string_view>
 #include <utility>
@@ -110,6 +119,105 @@ std::optional<MetaResult> flash_attention_cpu(const c10::IValue* args, size_t n)
   return single({{q->sizes().vec(), q->strides().vec(), q->scalar_type()}, std::move(logsumexp)});
 }
 
+bool same_device(const at::Tensor& a, const at::Tensor& b) { return a.device() == b.device(); }
+
+// masked_fill_.Scalar(self, mask, value): self written in place, its metadata unchanged.
+// ATen takes a bool mask that broadcasts to self's shape, into a self whose elements do not
+// overlap.
+std::optional<MetaResult> masked_fill_scalar_(const c10::IValue* args, size_t n) {
+  const at::Tensor* self = tensor_arg(args, n, 0);
+  const at::Tensor* mask = tensor_arg(args, n, 1);
+  if (self == nullptr || mask == nullptr || n != 3 || !same_device(*self, *mask)) return std::nullopt;
+  if (mask->scalar_type() != at::kBool) return run_inline();
+  if (!at::is_expandable_to(mask->sizes(), self->sizes())) return run_inline();
+  const auto overlap = at::has_internal_overlap(*self);
+  if (overlap == at::MemOverlap::Yes) return run_inline();
+  if (overlap != at::MemOverlap::No) return std::nullopt;
+  return single({});
+}
+
+// arange.start_out(start, end, step, out): ATen's arange_out sizes the range as below (in
+// double, or in int64 arithmetic for an int64 result) and resizes an out= tensor of another
+// element count to [size]. Taken for int64, int32, int16, int8 and uint8 results of
+// integer bounds and float and double results; half and bfloat16 (float accumulation) and
+// integer results of fractional bounds (truncated bounds in the checks) are declined.
+std::optional<MetaResult> arange_start_out(const c10::IValue* args, size_t n) {
+  const at::Tensor* out = tensor_arg(args, n, 3);
+  if (out == nullptr || n != 4) return std::nullopt;
+  for (size_t i = 0; i < 3; ++i) {
+    if (!args[i].isInt() && !args[i].isDouble()) return std::nullopt;
+  }
+  const auto dtype = out->scalar_type();
+  const bool integral = at::isIntegralType(dtype, /*includeBool=*/false);
+  if (!integral && dtype != at::kFloat && dtype != at::kDouble) return std::nullopt;
+  double size_d = 0;
+  if (integral) {
+    constexpr int64_t kBound = int64_t{1} << 52;  // no overflow below, and exact as doubles
+    int64_t start = 0, end = 0, step = 0;
+    for (size_t i = 0; i < 3; ++i) {
+      if (!args[i].isInt() || std::abs(args[i].toInt()) > kBound) return std::nullopt;
+    }
+    start = args[0].toInt(), end = args[1].toInt(), step = args[2].toInt();
+    if (step == 0 || (step > 0 && end < start) || (step < 0 && end > start)) return run_inline();
+    if (dtype == at::kLong) {
+      const int64_t sign = step > 0 ? 1 : -1;
+      size_d = std::ceil(static_cast<double>((end - start + step - sign) / step));
+    } else {
+      size_d = std::ceil((static_cast<double>(end) - static_cast<double>(start)) / static_cast<double>(step));
+    }
+  } else {
+    const double start = args[0].toScalar().to<double>(), end = args[1].toScalar().to<double>(),
+                 step = args[2].toScalar().to<double>();
+    if (!(step > 0 || step < 0) || !std::isfinite(start) || !std::isfinite(end)) return run_inline();
+    if ((step > 0 && end < start) || (step < 0 && end > start)) return run_inline();
+    size_d = std::ceil((end - start) / step);
+  }
+  if (!(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max()))) return run_inline();
+  const auto size = static_cast<int64_t>(size_d);
+  if (out->numel() == size) return single({});  // no resize
+  if (out->numel() != 0) return run_inline();     // ATen warns and resizes: an inline run, as before
+  MetaResult r = single({});
+  r.resized_empty_outs.push_back({3, contiguous({size}, dtype)});
+  return r;
+}
+
+// where.self(condition, self, other): the broadcast shape, in ATen's result type of self
+// and other, laid out as TensorIterator lays out an elementwise result (taken where every
+// operand is dense row-major or one element, and only a 0-dim operand, such as the Python
+// number torch.where(mask, -inf, scores) passes, needs a conversion to the result type).
+std::optional<MetaResult> where_self(const c10::IValue* args, size_t n) {
+  const at::Tensor* condition = tensor_arg(args, n, 0);
+  const at::Tensor* self = tensor_arg(args, n, 1);
+  const at::Tensor* other = tensor_arg(args, n, 2);
+  if (condition == nullptr || self == nullptr || other == nullptr || n != 3) return std::nullopt;
+  if (!same_device(*condition, *self) || !same_device(*self, *other)) return std::nullopt;
+  if (condition->scalar_type() == at::kByte) return std::nullopt;  // ATen warns and converts it
+  if (condition->scalar_type() != at::kBool) return run_inline();
+  const auto dtype = at::result_type(*self, *other);
+  for (const at::Tensor* t : {condition, self, other}) {
+    if (!neuron::bytes_are_values(*t) || !neuron::plain_real_dtype(t->scalar_type())) return std::nullopt;
+    if (!neuron::dense_row_major(*t) && t->numel() != 1) return std::nullopt;
+  }
+  for (const at::Tensor* t : {self, other}) {
+    if (t->scalar_type() != dtype && t->dim() != 0) return std::nullopt;
+  }
+  auto partial = neuron::broadcast(condition->sizes(), self->sizes());
+  if (!partial) return run_inline();
+  auto sizes = neuron::broadcast(*partial, other->sizes());
+  if (!sizes) return run_inline();
+  auto strides = neuron::elementwise_result_strides(*sizes, {condition, self, other});
+  if (!strides) return std::nullopt;
+  return single({{Sizes(sizes->begin(), sizes->end()), Sizes(strides->begin(), strides->end()), dtype}});
+}
+
+// max(self): a 0-dim result of self's dtype; ATen rejects an empty self.
+std::optional<MetaResult> max_all(const c10::IValue* args, size_t n) {
+  const at::Tensor* self = tensor_arg(args, n, 0);
+  if (self == nullptr || n != 1 || !neuron::plain_real_dtype(self->scalar_type())) return std::nullopt;
+  if (self->numel() == 0) return run_inline();
+  return single({contiguous({}, self->scalar_type())});
+}
+
 }  // namespace
 
 c10::ScalarType norm_statistics_dtype(const at::Tensor& input, const at::Tensor* weight, const at::Tensor* bias) {
@@ -122,11 +230,17 @@ c10::ScalarType norm_statistics_dtype(const at::Tensor& input, const at::Tensor*
 
 ShapeRule shape_rule_for(const c10::OperatorHandle& op) {
   const auto& schema = op.schema();
-  if (!schema.overload_name().empty()) return nullptr;
   const std::string_view name = schema.name();
-  if (name == "aten::native_layer_norm") return layer_norm;
-  if (name == "aten::index_select") return index_select;
-  if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return flash_attention_cpu;
+  const std::string_view overload = schema.overload_name();
+  if (overload.empty()) {
+    if (name == "aten::native_layer_norm") return layer_norm;
+    if (name == "aten::index_select") return index_select;
+    if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return flash_attention_cpu;
+    if (name == "aten::max") return max_all;
+  }
+  if (name == "aten::masked_fill_" && overload == "Scalar") return masked_fill_scalar_;
+  if (name == "aten::arange" && overload == "start_out") return arange_start_out;
+  if (name == "aten::where" && overload == "self") return where_self;
   return nullptr;
 }
 
