@@ -1426,12 +1426,65 @@ def test_clone_and_to_copy_copy_blocks_where_they_apply_and_only_there():
         assert runs(lambda: x.t().clone(memory_format=torch.contiguous_format)) == 1
         assert runs(lambda: x.view(9, 11).t().clone(memory_format=torch.contiguous_format)) == 0
         assert runs(lambda: x[:, ::2].clone()) == 0
-        assert runs(lambda: x.double()) == 0
+        assert runs(lambda: x.double()) == 1  # a conversion (small_convert.cpp)
         assert runs(lambda: x.cpu()) == 0
     # the copy is a new tensor: writing it leaves the source as it was
     y = x.clone()
     y.add_(1)
     assert torch.equal(y.cpu(), x.cpu() + 1)
+
+
+# ---- small dtype conversions: _to_copy to float32 or float64 (small_convert.cpp) -------------
+
+
+def conversion_sources() -> list[torch.Tensor]:
+    """Every dtype the small conversion takes, with values at the edges of what float32 and
+    float64 hold (int64 around 2^53, past it where a conversion through double would round
+    twice, and the extremes; doubles that overflow float32 or fall below its subnormals; NaNs, signed
+    zeros), in several layouts, in vectors long enough for ATen's vector loop, and a tensor
+    past GRAIN_SIZE (ATen's own kernel)."""
+    g = torch.Generator().manual_seed(31)
+    big = 2**53
+    ints = torch.tensor([0, 1, -1, 2**24 + 1, -(2**24) - 3, big - 1, big, -big, 2**31 - 1, 12345678901, -7, 99])
+    past = torch.tensor([2**60 + 2**36 + 1, big + 1, -(big + 3), 2**63 - 1, -(2**63), 5])
+    doubles = special_floats(torch.float64, 40)
+    doubles[3], doubles[5], doubles[9] = 1e300, 1e-300, 1.0 + 2.0**-30  # past float32's range, precision
+    base = torch.randn(2, 3, 4, generator=g)
+    return [
+        ints, past, ints.int(), ints.short(), ints.to(torch.int8), ints.to(torch.uint8), base > 0,
+        doubles, special_floats(torch.float32, 40), base.transpose(0, 2), base.permute(1, 0, 2).double(),
+        with_unit_strides(torch.randn(1, 4, 1, 8, generator=g), {2: 32}).double(), torch.tensor(7),
+        torch.arange(8).view(1, 1, 8)[:, :, -1:],  # a Llama step's position
+        torch.randint(-(2**40), 2**40, (2001,), generator=g), torch.randint(-9, 9, (1, 37), generator=g).int(),
+        torch.arange(70000),
+    ]
+
+
+def test_small_conversions_equal_the_cpu_bit_for_bit(mode):
+    """int, bool, float and double tensors to float32 and float64, the format preserved or
+    contiguous: dtype, shape, strides and bits equal the CPU's."""
+    calls = {
+        "float": lambda t: t.float(),
+        "double": lambda t: t.double(),
+        "float, contiguous": lambda t: t.to(torch.float32, memory_format=torch.contiguous_format),
+        "double, copy": lambda t: t.to(torch.float64, copy=True),
+    }
+    check_calls_equal_the_cpu(conversion_sources(), calls, lambda a, b: torch.equal(bits(a), bits(b)))
+
+
+def test_small_conversions_run_where_they_apply_and_only_there():
+    position = torch.arange(8, device="neuron").view(1, 1, 8)[:, :, -1:]
+    x = torch.randn(1, 99, device="neuron")
+    past = torch.tensor([2**60 + 2**36 + 1], device="neuron")
+    with neuron_lab.mode("blocking"):
+        assert runs(lambda: position.float()) == 1
+        assert runs(lambda: (x > 0).double()) >= 1
+        assert runs(lambda: x.t().double()) == 1  # preserved format: the transposed layout, in one block
+        assert runs(lambda: past.float()) == 1
+        assert runs(lambda: x.half()) == 0
+        assert runs(lambda: position.float().int()) == 1  # float to int: ATen's
+        assert runs(lambda: torch.arange(70000, device="neuron").float()) == 0  # past GRAIN_SIZE
+        assert runs(lambda: x.view(9, 11).t().to(torch.float64, memory_format=torch.contiguous_format)) == 0
 
 
 # ---- sum and mean over rows in ATen's order of additions (small_sum.cpp) -------------------

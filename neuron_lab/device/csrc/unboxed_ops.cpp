@@ -23,6 +23,7 @@
 #include "dense_layout.h"
 #include "layer_norm_direct.h"
 #include "small_arith.h"
+#include "small_convert.h"
 #include "small_isin.h"
 #include "small_arange.h"
 #include "small_bitwise.h"
@@ -861,16 +862,17 @@ void register_all(torch::Library& m) {
   (register_unboxed<Ops>(m), ...);
 }
 
-// ---- clone and same-device _to_copy of dense tensors: one block copy ---------------------
+// ---- clone and same-device _to_copy of dense tensors: one block, copied or converted -----
 
 // A decoding step clones its last logits and ids and copies the logits to float32, their
 // own dtype. With the memory format preserved, both make empty_strided(self's sizes and
 // strides) for a non-overlapping, dense self and copy it; with the contiguous format, a
 // row-major result, whose bytes are self's in the same order when self is row-major save its
 // size-1 dims (generate()'s last token, [1, 1] with strides (length, 1)). Either way the
-// result's bytes are self's, in one block. Other calls (a new dtype, device or format,
-// conjugate or negative bits, strided or empty tensors, ops recorded rather than run at once)
-// take torch's own kernels. Returns the result's strides when it is such a copy.
+// result's bytes are self's, in one block (or its elements in the same order, converted to a
+// new dtype small_convert takes). Other calls (another dtype, device or format, conjugate or
+// negative bits, strided or empty tensors, ops recorded rather than run at once) take torch's
+// own kernels. Returns the result's strides when it is such a copy.
 std::optional<c10::SmallVector<int64_t, 6>> one_block_copy_strides(const at::Tensor& self,
                                                                    std::optional<c10::MemoryFormat> format) {
   if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return std::nullopt;
@@ -894,6 +896,18 @@ std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArr
                           });
 }
 
+// The same block, converted to `dtype` element by element (small_convert.h): a Llama step's
+// int64 position to float32.
+std::optional<at::Tensor> converted_block_at_once(const at::Tensor& self, c10::IntArrayRef strides,
+                                                  at::ScalarType dtype) {
+  const at::Tensor* inputs[] = {&self};
+  if (!interceptor().begin_unboxed_op(inputs, at::_ops::_to_copy::name)) return std::nullopt;
+  UnboxedScope scope;
+  interceptor().check_readable(self);
+  return write_new_result(self.device().index(), at::_ops::_to_copy::name, self.sizes(), strides, dtype,
+                          [&](const at::Tensor& out) { run_small_convert(self, out); });
+}
+
 at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
   if (const auto strides = one_block_copy_strides(self, format)) {
     if (auto copy = block_copy_at_once(self, *strides, at::_ops::clone::name)) return std::move(*copy);
@@ -904,12 +918,14 @@ at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format
 at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<c10::Layout> layout,
                    std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
                    std::optional<c10::MemoryFormat> format) {
-  const bool same_tensor_kind = (!dtype.has_value() || *dtype == self.scalar_type()) &&
-                                (!layout.has_value() || *layout == c10::kStrided) &&
-                                (!device.has_value() || *device == self.device()) && !pin_memory.value_or(false);
-  if (same_tensor_kind) {
+  const bool same_place = (!layout.has_value() || *layout == c10::kStrided) &&
+                          (!device.has_value() || *device == self.device()) && !pin_memory.value_or(false);
+  const bool same_dtype = !dtype.has_value() || *dtype == self.scalar_type();
+  if (same_place && (same_dtype || small_convert_takes(self, *dtype))) {
     if (const auto strides = one_block_copy_strides(self, format)) {
-      if (auto copy = block_copy_at_once(self, *strides, at::_ops::_to_copy::name)) return std::move(*copy);
+      auto copy = same_dtype ? block_copy_at_once(self, *strides, at::_ops::_to_copy::name)
+                             : converted_block_at_once(self, *strides, *dtype);
+      if (copy.has_value()) return std::move(*copy);
     }
   }
   return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
