@@ -358,7 +358,8 @@ def test_small_arith_runs_where_it_applies_and_only_there():
             assert runs(lambda: ids - 1) == 1, mode
             assert runs(lambda: torch.add(x, bias, alpha=2)) == 0, mode
             assert runs(lambda: x.view(4, 32)[:, :1] * x.view(4, 32)[:1]) == 0, mode
-            assert runs(lambda: x.double() * x) == 0, mode  # two dtypes: promotion
+            doubled = x.double()
+            assert runs(lambda: doubled * x) == 0, mode  # two dtypes: promotion
             assert runs(lambda: x.half() + x.half()) == 0, mode
 
 
@@ -509,7 +510,8 @@ def test_cat_block_copy_runs_where_it_applies_and_only_there():
     with neuron_lab.mode("blocking"):
         assert runs(lambda: torch.cat([cache, token], -2)) == 1
         assert runs(lambda: torch.cat([cache.transpose(2, 3), token.transpose(2, 3)], -1)) == 0
-        assert runs(lambda: torch.cat([cache, token.double()], -2)) == 0
+        token_double = token.double()
+        assert runs(lambda: torch.cat([cache, token_double], -2)) == 0
 
 
 # ---- addmm and mm as ATen's BLAS call (blas_matmul.cpp) -------------------------------------
@@ -1004,7 +1006,8 @@ def test_small_where_runs_where_it_applies_and_only_there():
     masked = torch.tensor(float("-inf"), device="neuron")
     with neuron_lab.mode("blocking"):
         assert runs(lambda: torch.where(condition, masked, row)) == 1
-        assert runs(lambda: torch.where(condition, row, row.double())) == 0
+        row_double = row.double()
+        assert runs(lambda: torch.where(condition, row, row_double)) == 0
         assert runs(lambda: torch.where(condition.view(99, 1), row, masked)) == 0  # repeats an inner dim
         assert runs(lambda: torch.where(condition.view(1, 99), row.view(99), row)) == 1
         assert runs(lambda: torch.where(condition, row.expand(2, 99).t().t(), masked)) == 0  # strided
@@ -1361,7 +1364,8 @@ def test_the_stopping_criteria_kernels_run_where_they_apply_and_only_there():
         assert runs(lambda: done.any(-1)) == 1
         assert runs(lambda: done.any(0)) == 0
         assert runs(lambda: unfinished.max()) == 1
-        assert runs(lambda: unfinished.float().max()) == 0  # the float max is ATen's
+        unfinished_float = unfinished.float()
+        assert runs(lambda: unfinished_float.max()) == 0  # the float max is ATen's
         assert runs(lambda: unfinished & ~done[0]) == 2  # ~ and the promoting &
         assert runs(lambda: unfinished & 1) == 0  # a Python number: ATen's
 
@@ -1570,7 +1574,8 @@ def test_small_sum_and_mean_run_where_they_apply_and_only_there():
     with neuron_lab.mode("blocking"):
         assert runs(lambda: x.pow(2).mean(-1, keepdim=True)) == 2  # an RMSNorm's pow and mean
         assert runs(lambda: x.sum(-1)) == 1
-        assert runs(lambda: x.double().mean(2)) == 1
+        x_double = x.double()
+        assert runs(lambda: x_double.mean(2)) == 1
         assert runs(lambda: x.sum(-1, dtype=torch.float32)) == 1
         assert runs(lambda: x.mean(-1, dtype=torch.float64)) == 0
         assert runs(lambda: x.sum()) == 0
