@@ -245,6 +245,7 @@ UNUSUAL = {
     "arange of fractional bounds into int64": lambda: torch.arange(0.5, 7.25, 1.5, dtype=torch.long),
     "arange into half": lambda: torch.arange(0, 3, 0.25, dtype=torch.half),
     "arange past 2**52": lambda: torch.arange(2**60, 2**60 + 7, 2),
+    "arange from the smallest int64": lambda: torch.arange(-(2**63), -(2**63) + 5),
     "where of a transposed operand": lambda: torch.where(torch.rand(4, 5) > 0.5, torch.randn(5, 4).t(),
                                                          torch.randn(4, 5)),
     "where of a uint8 condition": lambda: torch.where(torch.tensor([1, 0, 1], dtype=torch.uint8),

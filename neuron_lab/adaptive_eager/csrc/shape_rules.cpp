@@ -153,11 +153,10 @@ std::optional<MetaResult> arange_start_out(const c10::IValue* args, size_t n) {
   double size_d = 0;
   if (integral) {
     constexpr int64_t kBound = int64_t{1} << 52;  // no overflow below, and exact as doubles
-    int64_t start = 0, end = 0, step = 0;
     for (size_t i = 0; i < 3; ++i) {
-      if (!args[i].isInt() || std::abs(args[i].toInt()) > kBound) return std::nullopt;
+      if (!args[i].isInt() || args[i].toInt() > kBound || args[i].toInt() < -kBound) return std::nullopt;
     }
-    start = args[0].toInt(), end = args[1].toInt(), step = args[2].toInt();
+    const int64_t start = args[0].toInt(), end = args[1].toInt(), step = args[2].toInt();
     if (step == 0 || (step > 0 && end < start) || (step < 0 && end > start)) return run_inline();
     if (dtype == at::kLong) {
       const int64_t sign = step > 0 ? 1 : -1;
