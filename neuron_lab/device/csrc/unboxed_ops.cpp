@@ -884,33 +884,26 @@ std::optional<c10::SmallVector<int64_t, 6>> one_block_copy_strides(const at::Ten
   return std::nullopt;
 }
 
-std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArrayRef strides, const char* name) {
+// The copy as an op run at once: self's bytes in one block, or, to another dtype, its
+// elements in the same order converted one by one (small_convert.h; a Llama step's int64
+// position to float32).
+std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArrayRef strides, const char* name,
+                                             at::ScalarType dtype) {
   const at::Tensor* inputs[] = {&self};
   if (!interceptor().begin_unboxed_op(inputs, name)) return std::nullopt;
   UnboxedScope scope;
   interceptor().check_readable(self);
-  return write_new_result(self.device().index(), name, self.sizes(), strides, self.scalar_type(),
-                          [&](const at::Tensor& out) {
-                            std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(),
-                                        static_cast<size_t>(self.numel()) * self.element_size());
-                          });
-}
-
-// The same block, converted to `dtype` element by element (small_convert.h): a Llama step's
-// int64 position to float32.
-std::optional<at::Tensor> converted_block_at_once(const at::Tensor& self, c10::IntArrayRef strides,
-                                                  at::ScalarType dtype) {
-  const at::Tensor* inputs[] = {&self};
-  if (!interceptor().begin_unboxed_op(inputs, at::_ops::_to_copy::name)) return std::nullopt;
-  UnboxedScope scope;
-  interceptor().check_readable(self);
-  return write_new_result(self.device().index(), at::_ops::_to_copy::name, self.sizes(), strides, dtype,
-                          [&](const at::Tensor& out) { run_small_convert(self, out); });
+  return write_new_result(self.device().index(), name, self.sizes(), strides, dtype, [&](const at::Tensor& out) {
+    if (dtype != self.scalar_type()) return run_small_convert(self, out);
+    std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(), static_cast<size_t>(self.numel()) * self.element_size());
+  });
 }
 
 at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
   if (const auto strides = one_block_copy_strides(self, format)) {
-    if (auto copy = block_copy_at_once(self, *strides, at::_ops::clone::name)) return std::move(*copy);
+    if (auto copy = block_copy_at_once(self, *strides, at::_ops::clone::name, self.scalar_type())) {
+      return std::move(*copy);
+    }
   }
   return at::compositeexplicitautograd::clone(self, format);
 }
@@ -923,9 +916,8 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, 
   const bool same_dtype = !dtype.has_value() || *dtype == self.scalar_type();
   if (same_place && (same_dtype || small_convert_takes(self, *dtype))) {
     if (const auto strides = one_block_copy_strides(self, format)) {
-      auto copy = same_dtype ? block_copy_at_once(self, *strides, at::_ops::_to_copy::name)
-                             : converted_block_at_once(self, *strides, *dtype);
-      if (copy.has_value()) return std::move(*copy);
+      const auto to = dtype.value_or(self.scalar_type());
+      if (auto copy = block_copy_at_once(self, *strides, at::_ops::_to_copy::name, to)) return std::move(*copy);
     }
   }
   return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
