@@ -177,3 +177,50 @@ def test_device_threads_use_the_thread_count_set_by_torch_set_num_threads():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0", result.stdout
+
+
+def _token_like_step(state: list, ids: torch.Tensor) -> bool:
+    """A decoding loop's bookkeeping: a few small ops, then a host read of the flag."""
+    state[0] = state[0] & ~((ids + 1) == 50256)
+    return bool(state[0].max() == 0)
+
+
+def _counters() -> tuple[int, int, int]:
+    from neuron_lab import adaptive_eager as ae
+    from neuron_lab.device.trace import device_counters
+
+    device = device_counters()
+    return ae.counters()["launches"], device["launches_run_by_waiting_host"], device["device_thread_wakeups"]
+
+
+def test_a_host_read_runs_the_launch_it_waits_for_without_waking_the_device_thread() -> None:
+    """The flush before a host read does not hand its launch to the device thread: the
+    host is about to wait for it, and runs it itself (a thread hand-off, or two, fewer
+    per read). 40 steps: 40 launches, all run by the waiting host, no wake-up sent."""
+    state = [torch.ones(1, dtype=torch.long, device="neuron")]
+    ids = torch.zeros(1, dtype=torch.long, device="neuron")
+    for _ in range(5):  # the step's graph is built, then repeats
+        _token_like_step(state, ids)
+    before = _counters()
+    for _ in range(40):
+        assert _token_like_step(state, ids) is False
+    launched, by_host, wakeups = (after - b for after, b in zip(_counters(), before))
+    assert (launched, by_host, wakeups) == (40, 40, 0)
+
+
+def test_a_host_read_that_flushes_two_devices_wakes_both_device_threads() -> None:
+    """A read on neuron:0 also flushes what neuron:1 recorded: the host runs neuron:0's
+    launch, and neuron:1's device thread is woken at once for its own (not after the
+    host's wait), as is neuron:0's, whose launch the host may still run."""
+    a1 = torch.full((256,), 2.0, device="neuron:1")
+    b0 = torch.full((256,), 2.0, device="neuron:0")
+    torch.neuron.synchronize(0)
+    torch.neuron.synchronize(1)
+    for step in range(8):
+        y1 = a1 * 3  # recorded on neuron:1, not flushed by neuron:0's ops
+        before = _counters()
+        assert (b0 * 2).sum().item() == 1024.0
+        launched, _, wakeups = (after - b for after, b in zip(_counters(), before))
+        if step >= 3:  # graphs repeat
+            assert (launched, wakeups) == (2, 2)
+        assert y1.sum().item() == 1536.0

@@ -930,6 +930,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
   tl_inline_why = nullptr;
   tl_inline_why_string = nullptr;
   counters().count_sync(reason, trigger);
+  HostRunsWhatItWaitsFor host_runs;  // the waits below run what the flush enqueues
   flush_device_buffers(-1, reason);
   for (const auto& t : tensors) {
     if (!t.defined() || t.device().type() != kNeuron) continue;

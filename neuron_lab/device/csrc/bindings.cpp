@@ -207,6 +207,8 @@ PYBIND11_MODULE(_C, m) {
     d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
     d["host_kernel_ops"] = c.host_kernel_ops.load() + at_once_host_kernels;
     d["aliases_recycled"] = c.aliases_recycled.load();
+    d["launches_run_by_waiting_host"] = c.launches_run_by_waiting_host.load();
+    d["device_thread_wakeups"] = c.device_thread_wakeups.load();
     return d;
   });
 }

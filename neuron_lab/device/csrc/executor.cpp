@@ -69,6 +69,17 @@ constexpr int64_t kMaxQueuedOps = 512;
 
 thread_local std::array<c10::StreamId, kMaxCores> tl_stream{};
 thread_local bool tl_on_device_thread = false;
+// HostRunsWhatItWaitsFor: its nesting depth on this thread; whether wake-ups are still
+// deferred (a second stream ends that); the one stream not yet woken for its work.
+thread_local int tl_wait_scope_depth = 0;
+thread_local bool tl_defer_wakeups = false;
+thread_local StreamState* tl_unwoken_stream = nullptr;
+
+// Tells the stream's device thread that work is queued.
+void wake(StreamState& s) {
+  op_counters().device_thread_wakeups.fetch_add(1, std::memory_order_relaxed);
+  s.work_ready.notify_one();
+}
 
 std::atomic<bool> g_threads_started{false};
 std::atomic<bool> g_bad_fork{false};
@@ -199,7 +210,7 @@ void execute(StreamState* s, Work& work, bool skip) {
     more = !s->queue.empty();
   }
   s->work_done.notify_all();
-  if (more) s->work_ready.notify_one();  // the device thread waits while another thread executes
+  if (more) wake(*s);  // the device thread waits while another thread executes
 }
 
 // Pops the queue's front for execution; called with s->mutex held.
@@ -422,6 +433,11 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   // Back-pressure: like a GPU's launch queue, a stream holds a bounded number
   // of launches; a host that runs too far ahead waits (without the GIL).
   if (!on_device_thread() && s.queued_ops.load() >= kMaxQueuedOps) {
+    if (tl_unwoken_stream == &s) {  // the device thread must drain it: wake it now
+      tl_unwoken_stream = nullptr;
+      tl_defer_wakeups = false;
+      wake(s);
+    }
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
     s.work_done.wait(lock, [&] { return s.queued_ops.load() < kMaxQueuedOps; });
@@ -449,8 +465,33 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
     s.queue.push_back(std::move(work));
     seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   }
-  s.work_ready.notify_one();
+  if (tl_defer_wakeups && !tl_on_device_thread) {
+    if (tl_unwoken_stream == nullptr || tl_unwoken_stream == &s) {
+      tl_unwoken_stream = &s;  // the host's wait runs it (HostRunsWhatItWaitsFor)
+      return seq;
+    }
+    tl_defer_wakeups = false;  // a second stream: each device thread runs its own
+    wake(*std::exchange(tl_unwoken_stream, nullptr));
+  }
+  wake(s);
   return seq;
+}
+
+HostRunsWhatItWaitsFor::HostRunsWhatItWaitsFor() : counted_(!tl_on_device_thread) {
+  if (counted_ && tl_wait_scope_depth++ == 0) tl_defer_wakeups = true;
+}
+
+HostRunsWhatItWaitsFor::~HostRunsWhatItWaitsFor() {
+  if (!counted_ || --tl_wait_scope_depth > 0) return;
+  tl_defer_wakeups = false;
+  if (StreamState* s = std::exchange(tl_unwoken_stream, nullptr)) {
+    bool left_queued = false;
+    {
+      std::lock_guard<std::mutex> lock(s->mutex);
+      left_queued = !s->queue.empty();
+    }
+    if (left_queued) wake(*s);
+  }
 }
 
 void wait_for(StreamState& s, uint64_t seq) {
@@ -468,6 +509,7 @@ void wait_for(StreamState& s, uint64_t seq) {
         lock.unlock();
         {
           ActAsDeviceThread as_device;
+          op_counters().launches_run_by_waiting_host.fetch_add(1, std::memory_order_relaxed);
           execute(&s, work, skip);
         }
         lock.lock();
@@ -498,6 +540,7 @@ void wait_for(StreamState& s, uint64_t seq) {
 
 void synchronize_stream(c10::Stream stream, Reason reason) {
   trace::SyncScope scope(reason, {}, stream.device_index());
+  HostRunsWhatItWaitsFor host_runs;
   interceptor().note_sync(reason, {});
   interceptor().flush_stream(stream, reason);
   auto& s = stream_state(stream);
@@ -507,6 +550,7 @@ void synchronize_stream(c10::Stream stream, Reason reason) {
 void synchronize_device(c10::DeviceIndex index, Reason reason, std::string_view what) {
   index = resolve_device(index);
   trace::SyncScope scope(reason, what, index);
+  HostRunsWhatItWaitsFor host_runs;
   interceptor().note_sync(reason, what);
   interceptor().flush_device(index, reason);
   // Every stream is waited for before the first error is raised: a

@@ -125,6 +125,24 @@ bool torch_profiler_active();
 // inline_if_idle: a stream with nothing queued runs the work at once, on the
 // caller's thread (event markers: an idle stream's event is complete at once).
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle = false);
+// While alive on a host thread that is about to wait for what it enqueues (a host read,
+// a synchronize), launches enqueued on one stream do not wake that stream's device
+// thread: the host's wait runs them itself (wait_for), and a device thread woken for
+// them would only race it for the work, two thread hand-offs per wait when it wins.
+// Whatever the host left queued is woken for when the scope ends. A second stream
+// enqueued on in the scope (another device's buffer flushed by the same read) wakes
+// both at once: the host runs one stream's work, and the other's should not idle
+// meanwhile. A full queue wakes its stream too (back-pressure waits for the device thread).
+class HostRunsWhatItWaitsFor {
+ public:
+  HostRunsWhatItWaitsFor();
+  ~HostRunsWhatItWaitsFor();
+  HostRunsWhatItWaitsFor(const HostRunsWhatItWaitsFor&) = delete;
+  HostRunsWhatItWaitsFor& operator=(const HostRunsWhatItWaitsFor&) = delete;
+
+ private:
+  bool counted_;  // made on a host thread (a device thread's scope does nothing)
+};
 // Waits (releasing the GIL) until the stream has executed launch `seq`, then
 // raises the stream's pending error, if any, naming the launch that failed.
 void wait_for(StreamState& s, uint64_t seq);
@@ -333,6 +351,8 @@ struct OpCounters {
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
   std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp, unboxed_ops.cpp)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
+  std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
+  std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
   // Host kernels run at once (unboxed_ops.cpp): each is also a fallback, an unboxed and a
   // host-kernel op, counted once here (one atomic add an op, not three) and added to those
   // three when the counters are read.
