@@ -3,7 +3,8 @@
 Rows (issue 3's targets): the 1M-element sin/cos chain (steady state, compiled
 tier), a chain of 1000 tiny ops (host cost per op, launches per op), the MLP
 training step (3 x Linear(256), batch 64, SGD momentum) and its cold start
-(first 5 steps, adaptive vs eager mode). Medians of interleaved repeats; one
+(first 5 steps, adaptive vs eager mode); and a decoding loop's bookkeeping, 6 small
+ops and a host read (bool()) per step, in every mode (issue 16: what a host read costs). Medians of interleaved repeats; one
 thread. Usage: .venv/bin/python benchmarks/bench_adaptive.py [--repeats N]
 """
 
@@ -103,6 +104,25 @@ def bench_tiny(repeats: int) -> dict:
     }
 
 
+def host_read_step(state: list, ids: torch.Tensor) -> bool:
+    """A decoding loop's stopping check: a few one-element ops, then a host read."""
+    state[0] = state[0] & ~((ids + 1) == 50256)
+    return bool(state[0].max() == 0)
+
+
+def bench_host_read(repeats: int) -> dict:
+    out = {}
+    for where in ["cpu", "adaptive", "eager", "blocking"]:
+        device = "cpu" if where == "cpu" else "neuron"
+        with neuron_lab.mode("adaptive" if where == "cpu" else where):
+            state = [torch.ones(1, dtype=torch.long, device=device)]
+            ids = torch.zeros(1, dtype=torch.long, device=device)
+            for _ in range(200):  # the step's graph is built and repeats
+                host_read_step(state, ids)
+            out[where] = median_time(lambda: host_read_step(state, ids), repeats, inner=200)
+    return out
+
+
 def make_mlp(device: str) -> tuple:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
@@ -177,6 +197,7 @@ def main() -> int:
     chain_r = bench_chain(args.repeats)
     tiny = bench_tiny(args.repeats)
     mlp = bench_mlp(args.repeats)
+    reads = bench_host_read(args.repeats)
     rows = [
         ("5x(sin*1.01+cos*0.5), 1M el., ms", chain_r["cpu_eager"] * 1e3, chain_r["cpu_compile"] * 1e3,
          chain_r["adaptive"] * 1e3,
@@ -188,6 +209,9 @@ def main() -> int:
         ("MLP SGD step, ms", mlp["cpu_eager"] * 1e3, float("nan"), mlp["adaptive"] * 1e3,
          f"adaptive/CPU {mlp['adaptive'] / mlp['cpu_eager']:.2f} (<= 1.5); launches/step eager "
          f"{mlp['eager_launches_per_step']:.1f} vs adaptive {mlp['adaptive_launches_per_step']:.1f} (>= 10x fewer)"),
+        ("6 small ops + bool() per step, µs", reads["cpu"] * 1e6, float("nan"), reads["adaptive"] * 1e6,
+         f"adaptive/CPU {reads['adaptive'] / reads['cpu']:.2f}; eager mode {reads['eager'] * 1e6:.1f} µs "
+         f"(adaptive/eager {reads['adaptive'] / reads['eager']:.2f}), blocking {reads['blocking'] * 1e6:.1f} µs"),
         ("cold start, first 5 steps, ms", float("nan"), float("nan"), cold["adaptive"] * 1e3,
          f"adaptive/eager {cold['adaptive'] / cold['eager']:.2f} (<= 1.5)"),
     ]
