@@ -4,8 +4,8 @@ Rows (issue 3's targets): the 1M-element sin/cos chain (steady state, compiled
 tier), a chain of 1000 tiny ops (host cost per op, launches per op), the MLP
 training step (3 x Linear(256), batch 64, SGD momentum) and its cold start
 (first 5 steps, adaptive vs eager mode); and a decoding loop's bookkeeping, 6 small
-ops and a host read (bool()) per step, in every mode (issue 16: what a host read costs). Medians of interleaved repeats; one
-thread. Usage: .venv/bin/python benchmarks/bench_adaptive.py [--repeats N]
+ops and a host read (bool()) per step, in every mode (issue 16: what a host read costs).
+Medians of interleaved repeats; one thread. Usage: .venv/bin/python benchmarks/bench_adaptive.py [--repeats N]
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def _initialize_vector_math() -> None:
     itself up at its first call. When that first call is made by two OpenMP threads at
     once (a parallel tanh of a large tensor, the first VML op of a process), the worker
     thread's part comes out at VML's low-accuracy setting: tanh up to 5.2e-5 off, in
-    about 1 of 5 fresh processes on a 2-core machine (MKL 2024.2, torch 2.13). The
+    about 1 of 4 fresh processes on a 2-core machine (MKL 2024.2, torch 2.13). The
     device's host kernels and a user's CPU reference are both such calls, so either
     could be wrong. One call on one element, here, sets VML up first (~0.5 ms, which the
     process's first VML op would otherwise pay)."""

@@ -107,9 +107,8 @@ def device_counters() -> dict[str, int]:
     its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``, and a decoding loop's
     small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``argmax``, ``eq``,
     ``any``, ``max``, ``isin``, ``cat``, ``index_select``, ``clone``, matmuls and layer norms run
-    at once), ``aliases_recycled`` (host
-    aliases of the unboxed path re-pointed at a new tensor instead of made anew) and
-    ``launches_run_by_waiting_host`` (launches a host thread ran itself while it waited for
-    them, instead of handing them to the stream's device thread) and ``device_thread_wakeups``
-    (wake-up calls to device threads for queued work)."""
+    at once), ``aliases_recycled`` (host aliases of the unboxed path re-pointed at a new
+    tensor instead of made anew), ``launches_run_by_waiting_host`` (launches a host thread ran
+    itself while it waited for them, instead of handing them to the stream's device thread)
+    and ``device_thread_wakeups`` (wake-up calls to device threads for queued work)."""
     return dict(_C.counters())
