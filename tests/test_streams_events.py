@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
+import time
+import weakref
 
 import pytest
 import torch
@@ -224,3 +227,58 @@ def test_a_host_read_that_flushes_two_devices_wakes_both_device_threads() -> Non
         if step >= 3:  # graphs repeat
             assert (launched, wakeups) == (2, 2)
         assert y1.sum().item() == 1536.0
+
+
+def _launch_on_the_device_thread(x: torch.Tensor) -> torch.Tensor:
+    """Records a few ops on x and hands their launch to the stream's device thread (a flush
+    that does not wait), then waits for it by polling the stream from Python, which keeps
+    the GIL between polls: the device thread, not a waiting host, runs the launch."""
+    from neuron_lab import adaptive_eager as ae
+
+    y = (x * 2 + 1).sin()
+    ae.flush()
+    stream = torch.neuron.current_stream()
+    deadline = time.monotonic() + 10.0
+    while not stream.query() and time.monotonic() < deadline:
+        pass
+    assert stream.query(), "the device thread did not finish the launch while the host held the GIL"
+    return y
+
+
+def test_a_device_thread_finishes_a_launch_while_the_host_holds_the_gil() -> None:
+    """A device thread leaves the launch it ran to a host thread to drop: dropping a launch
+    drops its references to tensors Python also holds, which takes the GIL. With the host's
+    Python never handing the GIL over (a switch interval of 1000 s), a device thread that
+    dropped the launch itself would wait for the GIL and never finish; this one does."""
+    from neuron_lab.device.trace import device_counters
+
+    x = torch.randn(4096, device="neuron")
+    torch.neuron.synchronize()
+    before = device_counters()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        y = _launch_on_the_device_thread(x)
+    finally:
+        sys.setswitchinterval(interval)
+    torch.neuron.synchronize()
+    after = device_counters()
+    assert after["launches_run_by_waiting_host"] == before["launches_run_by_waiting_host"]
+    assert after["launches_dropped_by_host"] > before["launches_dropped_by_host"]
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2 + 1).sin(), rtol=0, atol=0)
+
+
+def test_the_host_drops_what_a_device_thread_ran_at_its_next_wait() -> None:
+    """The tensors a finished launch held live until the host's next wait (or op), then go:
+    memory statistics read after a wait count their frees."""
+    torch.neuron.synchronize()
+    allocated = torch.neuron.memory_allocated()
+    x = torch.randn(1 << 16, device="neuron")
+    y = _launch_on_the_device_thread(x)
+    gone = weakref.ref(x)
+    del x  # the launch the device thread ran still holds it
+    assert gone() is not None
+    torch.neuron.synchronize()
+    assert gone() is None
+    del y
+    assert torch.neuron.memory_allocated() == allocated

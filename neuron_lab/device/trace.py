@@ -109,6 +109,8 @@ def device_counters() -> dict[str, int]:
     ``any``, ``max``, ``isin``, ``cat``, ``index_select``, ``clone``, matmuls and layer norms run
     at once), ``aliases_recycled`` (host aliases of the unboxed path re-pointed at a new
     tensor instead of made anew), ``launches_run_by_waiting_host`` (launches a host thread ran
-    itself while it waited for them, instead of handing them to the stream's device thread)
-    and ``device_thread_wakeups`` (wake-up calls to device threads for queued work)."""
+    itself while it waited for them, instead of handing them to the stream's device thread),
+    ``device_thread_wakeups`` (wake-up calls to device threads for queued work) and
+    ``launches_dropped_by_host`` (launches a device thread ran and left to a host thread to drop,
+    with the tensors they held: dropping those may take the GIL)."""
     return dict(_C.counters())

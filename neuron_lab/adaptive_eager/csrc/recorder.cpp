@@ -612,6 +612,7 @@ bool refuse(const char* why) {
 
 // A new op on this thread: what the previous one left is forgotten.
 void start_op() {
+  release_finished_work();  // what a device thread ran is dropped here, with no lock held
   forget_lesson();  // a lesson belongs to the call that set it, and no later one
   tl_run_at_once = false;  // so is a decision to run at once (the op may have failed before its host access)
   tl_in_at_once_kernel = false;

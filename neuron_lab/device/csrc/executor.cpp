@@ -69,6 +69,13 @@ constexpr int64_t kMaxQueuedOps = 512;
 
 thread_local std::array<c10::StreamId, kMaxCores> tl_stream{};
 thread_local bool tl_on_device_thread = false;
+thread_local bool tl_own_device_thread = false;  // a device thread of its own (device_thread_main)
+
+// Launches device threads ran, for a host thread to drop (release_finished_work). Leaked:
+// launches left in it at exit must not be dropped after Python has finalized.
+std::mutex g_finished_mutex;
+std::vector<Work>* g_finished = new std::vector<Work>();
+std::atomic<bool> g_any_finished{false};
 // HostRunsWhatItWaitsFor: its nesting depth on this thread; whether wake-ups are still
 // deferred (a second stream ends that); the one stream not yet woken for its work.
 thread_local int tl_wait_scope_depth = 0;
@@ -192,9 +199,15 @@ void execute(StreamState* s, Work& work, bool skip) {
     work.record->end_ns.store(end);
     work.record->status.store(skip ? trace::LaunchStatus::Skipped : failure != nullptr ? trace::LaunchStatus::Failed : trace::LaunchStatus::Done);
   }
-  // Drop the launch (and the tensors it holds) before it counts as done, so
-  // that memory statistics read after a wait include its frees.
+  // Drop the launch (and the tensors it holds) before it counts as done, so that memory
+  // statistics read after a wait include its frees: here on a host thread, and a device
+  // thread's by the host that waits for it (release_finished_work).
   const int64_t ops = work.ops;
+  if (tl_own_device_thread) {
+    std::lock_guard<std::mutex> lock(g_finished_mutex);
+    g_finished->push_back(std::move(work));
+    g_any_finished.store(true, std::memory_order_release);
+  }
   work = Work();
   s->queued_ops.fetch_sub(ops);
   bool more = false;
@@ -255,6 +268,7 @@ void release_openmp_workers() {
 
 void device_thread_main(StreamState* s) {
   tl_on_device_thread = true;
+  tl_own_device_thread = true;
   bool workers_may_run = true;  // this thread may have OpenMP workers (it has run a launch)
   for (;;) {
     Work work;
@@ -329,6 +343,16 @@ void check_not_forked() {
 }
 
 bool on_device_thread() { return tl_on_device_thread; }
+void release_finished_work() {
+  if (tl_on_device_thread || !g_any_finished.load(std::memory_order_acquire)) return;
+  std::vector<Work> finished;
+  {
+    std::lock_guard<std::mutex> lock(g_finished_mutex);
+    finished.swap(*g_finished);
+    g_any_finished.store(false, std::memory_order_release);
+  }
+  op_counters().launches_dropped_by_host.fetch_add(finished.size(), std::memory_order_relaxed);
+}  // dropped here, outside the lock
 
 // OpenMP's and MKL's thread-local setters, from the runtimes torch loaded (weak: a
 // torch built without them leaves them null).
@@ -528,6 +552,7 @@ void wait_for(StreamState& s, uint64_t seq) {
       }
     }
   }
+  release_finished_work();  // what the launches waited for held: memory statistics read next count its frees
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(s.mutex);

@@ -153,6 +153,16 @@ void synchronize_device(c10::DeviceIndex index, Reason reason = Reason::Synchron
 void synchronize_all(Reason reason);
 // True on a stream's device thread (work must not be recorded from there).
 bool on_device_thread();
+// A launch that a device thread ran is dropped by a host thread, not by the device thread:
+// dropping it drops the tensors it held, and where C++ held the last reference but one to
+// a tensor Python holds, that releases its Python object, which takes the GIL (the host's
+// Python holds it while it runs); and the host allocated its records, whose frees would
+// take the host's malloc arena lock. A device thread that waited for either stalled
+// itself and the host: ~30 thread hand-offs and +1 ms per recorded decode token of
+// generate(). The device thread leaves the launch here; the next host thread that starts
+// an op or finishes a wait drops it (release_finished_work), so memory statistics read
+// after a wait count its frees.
+void release_finished_work();
 // Raises a clear error in a child process forked after the runtime started.
 void check_not_forked();
 bool in_bad_fork();
@@ -353,6 +363,7 @@ struct OpCounters {
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
   std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
   std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
+  std::atomic<uint64_t> launches_dropped_by_host{0};  // launches a device thread ran, dropped by a host (release_finished_work)
   // Host kernels run at once (unboxed_ops.cpp): each is also a fallback, an unboxed and a
   // host-kernel op, counted once here (one atomic add an op, not three) and added to those
   // three when the counters are read.
