@@ -355,6 +355,11 @@ def test_error_in_a_fused_graph_surfaces_at_the_next_wait(wait: str) -> None:
     assert "Float[4, 5]" in message and "Long[2]" in message
     assert f"recorded at {__file__}:{line}" in message or f"{THIS_FILE}:{line}" in message
 
+    # torch's repr turns functorch off with a guard in a local variable: the error that
+    # printing raised must not keep it alive (vmap, create_block_mask would then fail)
+    assert "FuncTorchDynamicLayer" not in str(torch._C._dispatch_tls_local_exclude_set())
+    torch.testing.assert_close(torch.func.vmap(lambda row: row * 2)(x).cpu(), x_cpu * 2, rtol=0, atol=0)
+
     # reported once; the runtime keeps working and earlier results keep their values
     torch.neuron.synchronize()
     assert torch.equal(before.cpu(), x_cpu * 3)

@@ -154,7 +154,7 @@ def test_import_torch_starts_no_thread_and_changes_nothing() -> None:
     """With neuron_lab installed, ``import torch`` registers the device and nothing else:
     no thread, no patched torch function, autograd's threading as PyTorch sets it; the
     same process without the device looks the same."""
-    code = _STATE_OF_THE_PROCESS + "\n    print(state())"
+    code = _STATE_OF_THE_PROCESS + "\n    print(state(), getattr(torch._tensor_str._str, '_releases_guards_on_error', False))"
     with_device = run_python(code)
     without = run_python(code, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     assert with_device.returncode == 0 and without.returncode == 0, with_device.stderr + without.stderr

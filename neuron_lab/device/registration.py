@@ -144,6 +144,7 @@ def register() -> None:
 
         # The thread that first uses the device runs its backward passes (see autograd_threads).
         on_first_use(backward_on_calling_thread)
-        from neuron_lab.device import serialization
+        from neuron_lab.device import serialization, tensor_repr
 
         on_first_use(serialization.install)
+        on_first_use(tensor_repr.install)
