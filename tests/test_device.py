@@ -178,6 +178,22 @@ def test_the_device_starts_at_first_use_and_the_compiler_when_something_may_comp
     assert "['MainThread'] False False ['MainThread', 'neuron-compiler'] True" in result.stdout, result.stdout
 
 
+def test_the_first_tensor_starts_the_current_cores_device_thread_before_any_launch() -> None:
+    """The device's first use (a tensor made on it, nothing launched yet) starts the current
+    core's device thread, which sets itself up while the host goes on; no other core's."""
+    result = run_python(_STATE_OF_THE_PROCESS + """
+    import neuron_lab
+    from neuron_lab import adaptive_eager as ae
+    before = state()[0]
+    x = torch.empty(3, device="neuron")
+    print(state()[0] - before, ae.counters()["launches"])
+    y = torch.empty(3, device="neuron:1")
+    print(state()[0] - before, ae.counters()["launches"])
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "0", "1", "0"], result.stdout
+
+
 _FIRST_VECTOR_MATH = """
 import torch
 torch.manual_seed(2)

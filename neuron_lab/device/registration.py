@@ -144,6 +144,9 @@ def register() -> None:
 
         # The thread that first uses the device runs its backward passes (see autograd_threads).
         on_first_use(backward_on_calling_thread)
+        # The current core's device thread starts with the first tensor, and sets itself up
+        # while the host goes on, not when the first launch waits for it.
+        on_first_use(lambda: _C.start_device_thread(int(torch.neuron.current_device())))
         from neuron_lab.device import serialization, tensor_repr
 
         on_first_use(serialization.install)

@@ -140,6 +140,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("configure", &neuron::configure, py::arg("num_cores"), py::arg("capacity_bytes"),
         "Sets the number of emulated cores and the memory capacity of each.");
   m.def("device_count", []() { return static_cast<int>(neuron::device_count()); });
+  m.def(
+      "start_device_thread",
+      [](int device) {
+        py::gil_scoped_release no_gil;
+        neuron::start_device_thread(static_cast<c10::DeviceIndex>(device));
+      },
+      py::arg("device"),
+      "Starts the device thread of a core's default stream now (the device's first use) rather "
+      "than at its first launch.");
   m.def("core_capacity", &neuron::core_capacity, "Memory capacity of one core, in bytes.");
   m.def("current_device", []() { return static_cast<int>(neuron::current_device()); });
   m.def("set_device", [](int index) { neuron::set_device(static_cast<c10::DeviceIndex>(index)); });

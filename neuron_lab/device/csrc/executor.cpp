@@ -266,9 +266,16 @@ void release_openmp_workers() {
   if (auto pause = omp_pause_resource_all_fn()) pause(kOmpPauseSoft);
 }
 
+void capture_fresh_thread_state();
+
 void device_thread_main(StreamState* s) {
   tl_on_device_thread = true;
   tl_own_device_thread = true;
+  // Per-thread set-up before the first launch arrives (the current device's default stream
+  // starts its thread at the device's first use, start_device_thread): the fresh thread's
+  // state for hosts that run launches themselves, and ATen's per-thread OpenMP and MKL counts.
+  capture_fresh_thread_state();
+  at::get_num_threads();
   bool workers_may_run = true;  // this thread may have OpenMP workers (it has run a launch)
   for (;;) {
     Work work;
@@ -291,14 +298,22 @@ void device_thread_main(StreamState* s) {
 }
 
 // The thread-local state of a fresh thread (no autocast, grad mode on, no
-// Python modes): what launches see on a device thread.
+// Python modes): what launches see on a device thread. Captured by the first device
+// thread as it starts (a fresh thread), or by a thread started for it if a host needs it
+// first.
+std::atomic<const at::ThreadLocalState*> g_fresh_thread_state{nullptr};
+
+void capture_fresh_thread_state() {
+  if (g_fresh_thread_state.load(std::memory_order_acquire) != nullptr) return;
+  auto* state = new at::ThreadLocalState();
+  const at::ThreadLocalState* expected = nullptr;
+  if (!g_fresh_thread_state.compare_exchange_strong(expected, state)) delete state;
+}
+
 const at::ThreadLocalState& device_thread_state() {
-  static const at::ThreadLocalState* state = [] {
-    const at::ThreadLocalState* captured = nullptr;
-    std::thread([&] { captured = new at::ThreadLocalState(); }).join();
-    return captured;
-  }();
-  return *state;
+  if (const auto* state = g_fresh_thread_state.load(std::memory_order_acquire)) return *state;
+  std::thread(capture_fresh_thread_state).join();
+  return *g_fresh_thread_state.load(std::memory_order_acquire);
 }
 
 // While a host thread executes a launch for a stream it waits on, it looks like
@@ -445,6 +460,24 @@ c10::Stream exchange_stream(c10::Stream stream) {
   return previous;
 }
 
+namespace {
+// Starts the stream's device thread unless it runs; called with s.mutex held.
+void start_thread_locked(StreamState& s) {
+  if (s.thread_started) return;
+  install_fork_handler();
+  std::thread(device_thread_main, &s).detach();
+  s.thread_started = true;
+  g_threads_started = true;
+}
+}  // namespace
+
+void start_device_thread(c10::DeviceIndex device) {
+  check_not_forked();
+  StreamState& s = stream_state(default_stream(device));
+  std::lock_guard<std::mutex> lock(s.mutex);
+  start_thread_locked(s);
+}
+
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
@@ -478,12 +511,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       s.enqueued.fetch_add(1);
       return s.completed.fetch_add(1) + 1;
     }
-    if (!s.thread_started) {
-      install_fork_handler();
-      std::thread(device_thread_main, &s).detach();
-      s.thread_started = true;
-      g_threads_started = true;
-    }
+    start_thread_locked(s);
     s.queued_ops.fetch_add(work.ops);
     g_launches_in_flight.fetch_add(1, std::memory_order_acq_rel);
     s.queue.push_back(std::move(work));
