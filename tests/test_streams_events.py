@@ -282,3 +282,74 @@ def test_the_host_drops_what_a_device_thread_ran_at_its_next_wait() -> None:
     assert gone() is None
     del y
     assert torch.neuron.memory_allocated() == allocated
+
+
+def test_a_launch_of_small_tensors_runs_its_parallel_loops_inline() -> None:
+    """At 2 threads, a launch whose tensors are all small (a decoding step) runs ATen's
+    parallel loops inline: the device thread starts no OpenMP team for it (a layer norm over
+    8 rows would split them; the team's start and spinning cost the host milliseconds). A
+    launch that writes a large tensor still runs in parallel: its team appears."""
+    from conftest import run_python
+
+    result = run_python("""
+    import os, torch
+    import neuron_lab
+    from neuron_lab import adaptive_eager as ae
+    torch.set_num_threads(2)
+    def on_device_thread(x):
+        y = torch.nn.functional.layer_norm(x * 2, x.shape[-1:])
+        ae.flush()
+        stream = torch.neuron.current_stream()
+        while not stream.query():
+            pass
+        return y
+    tasks = lambda: len(os.listdir("/proc/self/task"))
+    small = torch.randn(8, 32, device="neuron")
+    large = torch.randn(64, 16384, device="neuron")
+    torch.neuron.synchronize()
+    before = tasks()
+    y = on_device_thread(small)
+    after_small = tasks()
+    z = on_device_thread(large)
+    after_large = tasks()
+    assert torch.equal(y.cpu(), torch.nn.functional.layer_norm(small.cpu() * 2, (32,)))
+    assert torch.equal(z.cpu(), torch.nn.functional.layer_norm(large.cpu() * 2, (16384,)))
+    print(after_small - before, after_large - after_small)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "1"], result.stdout
+
+
+def test_decoding_at_two_threads_gives_the_cpus_bits() -> None:
+    """Greedy decoding of tiny GPT-2 and Llama (batch 2) at torch's 2 threads: every step's
+    logits equal the CPU's at 2 threads bit for bit, while the runtime records the first steps,
+    whose small launches run ATen's parallel loops inline, and then runs ops at once."""
+    from conftest import run_python
+
+    result = run_python("""
+    import sys, torch
+    sys.path.insert(0, %r)
+    import neuron_lab
+    from neuron_lab import adaptive_eager as ae
+    from neuron_lab.device.trace import device_counters
+    from hf_models import MODELS
+    torch.set_num_threads(2)
+    for name in ("gpt2", "llama"):
+        extra = {"pad_token_id": None} if name == "gpt2" else {}
+        model = MODELS[name].build(**extra).eval()
+        prompt = torch.randint(2, 99, (2, 8), generator=torch.Generator().manual_seed(3))
+        runs = {}
+        for device in ("cpu", "neuron"):
+            ae.forget_repeats()  # each model's first steps are recorded
+            inline_loops = device_counters()["one_thread_launches"]
+            with torch.no_grad():
+                out = model.to(device).generate(prompt.to(device), max_new_tokens=12, min_new_tokens=12,
+                                                do_sample=False, output_logits=True, return_dict_in_generate=True)
+            runs[device] = [logits.cpu() for logits in out.logits]
+            inline_loops = device_counters()["one_thread_launches"] - inline_loops
+        same = all(torch.equal(a, b) for a, b in zip(runs["cpu"], runs["neuron"]))
+        print(name, len(runs["neuron"]), same, inline_loops > 0)
+    """ % os.path.dirname(__file__))
+    assert result.returncode == 0, result.stderr[-3000:]
+    # and some of the neuron run's launches ran their parallel loops inline
+    assert result.stdout.split() == ["gpt2", "12", "True", "True", "llama", "12", "True", "True"], result.stdout
