@@ -112,6 +112,5 @@ def device_counters() -> dict[str, int]:
     itself while it waited for them, instead of handing them to the stream's device thread),
     ``device_thread_wakeups`` (wake-up calls to device threads for queued work) and
     ``launches_dropped_by_host`` (launches a device thread ran and left to a host thread to drop,
-    with the tensors they held: dropping those may take the GIL) and ``one_thread_launches``
-    (launches of small tensors whose parallel loops ran inline at a thread count above 1)."""
+    with the tensors they held: dropping those may take the GIL)."""
     return dict(_C.counters())

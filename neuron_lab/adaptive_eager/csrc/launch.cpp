@@ -9,7 +9,6 @@
 #include "execute.h"
 #include "storage_state.h"
 
-#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
@@ -23,20 +22,6 @@
 namespace neuron::lazy {
 
 namespace {
-
-// Whether a launch's parallel loops run inline (Work::one_thread): every tensor it writes has
-// fewer elements than half of ATen's grain size and every tensor it reads fewer than one
-// grain, below which ATen's reductions do not split on the CPU either, so only loops over
-// independent rows (norms, softmax, attention blocks) would have split, with the same bits
-// either way. Convolutions keep their threads: oneDNN may pick another algorithm for another
-// count. (A decoding step's launches qualify; a training step's activations do not.)
-bool runs_on_one_thread(const std::vector<Record>& records, int64_t largest_written, int64_t largest_read) {
-  if (largest_written >= at::internal::GRAIN_SIZE / 2 || largest_read >= at::internal::GRAIN_SIZE) return false;
-  return std::none_of(records.begin(), records.end(), [](const Record& r) {
-    const std::string& name = r.op.schema().name();
-    return name.find("conv") != std::string::npos || name.find("mkldnn") != std::string::npos;
-  });
-}
 
 // The operators of a launch in order, shapes aside: a program whose shapes grow
 // (generate()) launches the same sequence with new shapes (RepeatTracker).
@@ -79,7 +64,6 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   std::unordered_map<const c10::StorageImpl*, int> index;
   std::vector<StorageUse> storages;
   std::unordered_map<const c10::TensorImpl*, int> held;
-  int64_t largest_written = 0, largest_read = 0;  // elements of the records' tensors
   index.reserve(2 * l->records.size());
   storages.reserve(2 * l->records.size());
   held.reserve(3 * l->records.size());
@@ -87,8 +71,6 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     const auto& r = l->records[record_index];
     for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
       if (!on_device(t)) return;
-      int64_t& largest = write ? largest_written : largest_read;
-      largest = std::max(largest, t.numel());
       held[t.unsafeGetTensorImpl()] += 1;
       const auto* impl = t.storage().unsafeGetStorageImpl();
       auto [it, inserted] = index.emplace(impl, static_cast<int>(storages.size()));
@@ -231,7 +213,6 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   work.run = [l] { l->execute(); };
   work.on_skip = [l] { l->skipped(); };
   work.ops = static_cast<int64_t>(l->records.size());
-  work.one_thread = runs_on_one_thread(l->records, largest_written, largest_read);
   work.kind = use_cache ? trace::LaunchKind::Graph : trace::LaunchKind::Op;
   const uint64_t seq = enqueue(stream, std::move(work));
   std::vector<const c10::StorageImpl*> used;

@@ -219,7 +219,6 @@ PYBIND11_MODULE(_C, m) {
     d["launches_run_by_waiting_host"] = c.launches_run_by_waiting_host.load();
     d["device_thread_wakeups"] = c.device_thread_wakeups.load();
     d["launches_dropped_by_host"] = c.launches_dropped_by_host.load();
-    d["one_thread_launches"] = c.one_thread_launches.load();
     return d;
   });
 }

@@ -160,31 +160,6 @@ void run_work(Work& work) {
   at::set_record_function_tls_(saved);
 }
 
-}  // namespace
-extern "C" int omp_get_max_threads() __attribute__((weak));
-extern "C" void omp_set_num_threads(int) __attribute__((weak));
-namespace {
-
-// While alive and `on`, ATen's parallel loops on this thread run inline: OpenMP's count of
-// this thread only is 1 (MKL's is left as it is). (OpenMP's functions from the runtime torch
-// loaded; none: nothing to limit.)
-class OpenMPOneThread {
- public:
-  explicit OpenMPOneThread(bool on)
-      : previous_(on && omp_get_max_threads != nullptr && omp_set_num_threads != nullptr ? omp_get_max_threads() : 1) {
-    if (previous_ != 1) {
-      omp_set_num_threads(1);
-      op_counters().one_thread_launches.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-  ~OpenMPOneThread() {
-    if (previous_ != 1) omp_set_num_threads(previous_);
-  }
-
- private:
-  int previous_;
-};
-
 // Executes one launch popped from the stream's queue (s->running is set), then
 // counts it as done: on the stream's device thread, or on a host thread that
 // was about to wait for it anyway.
@@ -208,7 +183,6 @@ void execute(StreamState* s, Work& work, bool skip) {
   }
   if (!skip) {
     try {
-      OpenMPOneThread one_thread(work.one_thread);
       run_work(work);
     } catch (abi::__forced_unwind&) {
       throw;  // the thread is being cancelled (e.g. Python finalizing): let it end

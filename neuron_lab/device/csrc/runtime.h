@@ -102,11 +102,6 @@ struct Work {
   std::string name;               // for torch.profiler: set while it runs (torch_profiler_active())
   std::shared_ptr<struct TorchProfilerContext> torch_profiler;  // captured by enqueue
   int intra_op_threads = 0;  // the enqueuing thread's torch.get_num_threads(): kernels use as many
-  // Its tensors are all small: ATen's parallel loops in its kernels run on this thread
-  // (OpenMP's count 1; MKL's stays the enqueuing thread's, so BLAS keeps its bits). A loop
-  // that splits rows (a layer norm's) would otherwise start or wake an OpenMP team of the
-  // device thread for less work than it splits, and the team spins on the host's core.
-  bool one_thread = false;
 };
 // While alive, kernels called on this thread use one thread: ATen's and MKL's
 // parallel loops inside them run inline. Sets OpenMP's and MKL's counts of this
@@ -373,7 +368,6 @@ struct OpCounters {
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
   std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
   std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
-  std::atomic<uint64_t> one_thread_launches{0};  // launches whose parallel loops ran inline (Work::one_thread)
   std::atomic<uint64_t> launches_dropped_by_host{0};  // launches a device thread ran, dropped by a host (release_finished_work)
   // Host kernels run at once (unboxed_ops.cpp): each is also a fallback, an unboxed and a
   // host-kernel op, counted once here (one atomic add an op, not three) and added to those
