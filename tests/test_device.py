@@ -257,14 +257,59 @@ def test_bad_configuration_names_the_variable(variable: str, value: str, message
 
 
 def test_parse_size() -> None:
-    from neuron_lab.device.config import parse_size
+    from neuron_lab.device.config import MAX_CORE_MEMORY, parse_size
 
     assert parse_size("16GiB") == 16 * 2**30
     assert parse_size("512 MiB") == 512 * 2**20
     assert parse_size("2GB") == 2 * 10**9
     assert parse_size("1048576") == 2**20
-    with pytest.raises(ValueError):
-        parse_size("-1GiB")
+    # Exactly, never through a float (2**53 + 1 is not a float).
+    assert parse_size(str(2**53 + 1)) == 2**53 + 1
+    assert parse_size("1.5KiB") == 1536
+    assert parse_size("0.000000001GB") == 1
+    assert parse_size(str(MAX_CORE_MEMORY)) == MAX_CORE_MEMORY
+    for bad, message in [("-1GiB", "not a memory size"), ("0", "positive"), ("0.5", "whole number of bytes"),
+                         (str(MAX_CORE_MEMORY + 1), "largest supported"), ("1e30", "not a memory size"),
+                         ("9223372036854775807", "largest supported"), ("inf", "not a memory size"),
+                         ("\uff11\uff12", "not a memory size"), ("", "not a memory size")]:
+        with pytest.raises(ValueError, match=message):
+            parse_size(bad)
+
+
+# Values that once broke `import torch` itself (an int64 overflow in the extension's
+# configure) or that a parser could take the wrong way.
+_HOSTILE_CONFIGURATIONS = [
+    ("NEURON_LAB_CORE_MEMORY", "9223372036854775807", "largest supported"),
+    ("NEURON_LAB_CORE_MEMORY", "99999999999999999999999TiB", "largest supported"),
+    ("NEURON_LAB_CORE_MEMORY", "nan", "not a memory size"),
+    ("NEURON_LAB_CORE_MEMORY", "0.1", "whole number of bytes"),
+    ("NEURON_LAB_NUM_CORES", "99999999999999999999", "between 1 and 64"),
+    ("NEURON_LAB_NUM_CORES", "2.0", "not a whole number"),
+    ("NEURON_LAB_NUM_CORES", "-1", "not a whole number"),
+]
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), _HOSTILE_CONFIGURATIONS)
+def test_a_bad_configuration_never_breaks_import_torch(variable: str, value: str, message: str) -> None:
+    """`import torch` warns and works (CPU tensors and all); `import neuron_lab` raises the
+    error, naming the variable."""
+    result = run_python("""
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+        print(torch.ones(2).sum().item())
+        print(" | ".join(str(w.message) for w in caught))
+        try:
+            import neuron_lab
+        except ValueError as e:
+            print("ValueError:", e)
+    """, env={variable: value})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "2.0"
+    assert variable in lines[1] and message in lines[1], lines[1]
+    assert lines[2].startswith("ValueError:") and variable in lines[2] and message in lines[2], lines[2]
 
 
 def test_import_neuron_lab_before_torch() -> None:

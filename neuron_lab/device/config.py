@@ -12,11 +12,15 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 __all__ = ["DeviceConfig", "parse_size", "from_environment"]
 
 DEFAULT_NUM_CORES = 2
 DEFAULT_CORE_MEMORY = 16 * 2**30
+# The largest capacity a core may have: 1 EiB. The allocator adds sizes to it in signed
+# 64-bit arithmetic, which must not overflow.
+MAX_CORE_MEMORY = 2**60
 
 _UNITS = {
     "": 1,
@@ -36,19 +40,26 @@ class DeviceConfig:
     core_memory: int = DEFAULT_CORE_MEMORY
 
 
-def parse_size(text: str, *, variable: str = "size") -> int:
-    """Parses ``"16GiB"``, ``"512 MiB"``, ``"2GB"`` or ``"1048576"`` into bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+def parse_size(text: str, *, variable: str = "size", maximum: int = MAX_CORE_MEMORY) -> int:
+    """Parses ``"16GiB"``, ``"512 MiB"``, ``"1.5GB"`` or ``"1048576"`` into bytes, exactly
+    (decimal fractions as fractions, never through a float), between 1 and ``maximum``."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text, flags=re.ASCII)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise ValueError(
             f"{variable}={text!r} is not a memory size; use a number of bytes or a number "
             "with a unit such as 512MiB, 16GiB or 2GB"
         )
-    size = int(float(match.group(1)) * _UNITS[unit])
+    size = Fraction(match.group(1)) * _UNITS[unit]
+    if size.denominator != 1:
+        raise ValueError(f"{variable}={text!r} is not a whole number of bytes ({float(size):.2f}); "
+                         "use a whole number of bytes or a larger unit")
     if size <= 0:
         raise ValueError(f"{variable}={text!r} must be a positive memory size")
-    return size
+    if size > maximum:
+        raise ValueError(f"{variable}={text!r} is {int(size):,} bytes, more than the largest supported "
+                         f"size, {maximum:,} bytes (1 EiB); use a smaller size such as 64GiB")
+    return int(size)
 
 
 def from_environment(environ: os._Environ | dict | None = None) -> DeviceConfig:
@@ -56,6 +67,8 @@ def from_environment(environ: os._Environ | dict | None = None) -> DeviceConfig:
     env = os.environ if environ is None else environ
     cores_text = env.get("NEURON_LAB_NUM_CORES", str(DEFAULT_NUM_CORES))
     try:
+        if not re.fullmatch(r"\s*[0-9]+\s*", cores_text, flags=re.ASCII):
+            raise ValueError
         num_cores = int(cores_text)
     except ValueError:
         raise ValueError(
