@@ -46,6 +46,44 @@ def test_rng_state_roundtrip() -> None:
     torch.neuron.set_rng_state_all(states)
 
 
+def _draws_around_state_changes(device: str, generator: torch.Generator) -> list[torch.Tensor]:
+    """Draws queued before each change of the generator's state draw from the state they
+    were queued under, as in eager mode; the states read back are the CPU's."""
+    generator.manual_seed(3)
+    a = torch.rand(100_000, generator=generator, device=device)  # large: still queued below
+    generator.manual_seed(4)
+    b = torch.randn(1000, generator=generator, device=device)
+    state = generator.get_state()
+    c = torch.rand(50_000, generator=generator, device=device)
+    generator.set_state(state)
+    d = torch.rand(50_000, generator=generator, device=device)
+    generator.seed()
+    e = torch.rand(10, generator=generator, device=device)
+    generator.manual_seed(5)
+    f = torch.rand(10, generator=generator, device=device)
+    return [t.cpu() for t in (a, b, c, d, f)] + [state, generator.get_state()]
+
+
+def test_state_changes_while_draws_are_queued_keep_eager_order(mode: str) -> None:
+    on_neuron = _draws_around_state_changes("neuron", torch.Generator("neuron"))
+    on_cpu = _draws_around_state_changes("cpu", torch.Generator())
+    for got, expected in zip(on_neuron, on_cpu):
+        assert torch.equal(got, expected)
+
+
+def test_the_default_generator_read_after_queued_draws_is_the_cpus(mode: str) -> None:
+    def run(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(11)
+        x = torch.nn.functional.dropout(torch.ones(64, 64, device=device), 0.5)
+        state = torch.neuron.get_rng_state() if device == "neuron" else torch.get_rng_state()
+        torch.manual_seed(12)
+        y = torch.rand(100, device=device)
+        return [x.cpu(), state, y.cpu()]
+
+    for got, expected in zip(run("neuron"), run("cpu")):
+        assert torch.equal(got, expected)
+
+
 def test_seed_functions() -> None:
     torch.neuron.manual_seed(5)
     assert torch.neuron.initial_seed() == 5

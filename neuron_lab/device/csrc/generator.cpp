@@ -31,6 +31,9 @@
 #include <optional>
 #include <vector>
 
+#include <pthread.h>
+#include <unistd.h>
+
 namespace neuron {
 namespace {
 
@@ -69,39 +72,69 @@ at::Generator keyed_cpu_generator(uint64_t seed, uint64_t offset) {
   return generator;
 }
 
+// Lock order. torch's Python bindings of a generator (manual_seed, get_state, set_state,
+// seed, clone_state) hold the GIL and then take the generator's mutex (GeneratorImpl::mutex_)
+// before they call in here. Code below that mutex must therefore never wait for the GIL: a
+// thread blocked on the mutex holds it. Changing the state never waits: a CPU twin still
+// held by queued random ops keeps serving them, and the generator takes a new twin (what
+// eager mode would leave the queued ops to draw from, they still draw). Reading the state
+// of the CPU form waits for those ops to draw; that wait lets go of the mutex (and the
+// GIL), and takes both back in torch's order (TorchMutexReleased).
+class TorchMutexReleased {
+ public:
+  explicit TorchMutexReleased(std::mutex& m) : mutex_(m), held_(held_by_this_thread(m)) {
+    if (held_) mutex_.unlock();
+  }
+  ~TorchMutexReleased() {
+    if (held_) mutex_.lock();  // with the GIL, if the caller holds it: torch's order
+  }
+  TorchMutexReleased(const TorchMutexReleased&) = delete;
+  TorchMutexReleased& operator=(const TorchMutexReleased&) = delete;
+
+ private:
+  // glibc records the owning thread of a locked mutex (pthread_mutex_t.__data.__owner).
+  static bool held_by_this_thread(std::mutex& m) {
+    return m.native_handle()->__data.__owner == static_cast<int>(gettid());
+  }
+  std::mutex& mutex_;
+  bool held_;
+};
+
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
   NeuronGeneratorImpl(c10::DeviceIndex index, at::Generator host)
       : c10::GeneratorImpl(c10::Device(kNeuron, index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         host_(std::move(host)) {}
 
-  // Recorded random ops draw when the device executes them: reading or
-  // changing the state first lets every op recorded before draw as in eager.
   void set_current_seed(uint64_t seed) override {
-    settle();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
     if (offset_form_) {
       seed_ = seed;
       offset_ = 0;
     } else {
-      host_.set_current_seed(seed);
+      own_twin(/*keep_state=*/false).set_current_seed(seed);
     }
   }
   void set_offset(uint64_t offset) override {
-    settle();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
     if (offset_form_) {
       offset_ = offset;
     } else {
-      host_.set_offset(offset);
+      own_twin(/*keep_state=*/true).set_offset(offset);
     }
   }
   uint64_t get_offset() const override {
-    settle();
+    settle_for_read();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
     return offset_form_ ? offset_ : host_.get_offset();
   }
-  uint64_t current_seed() const override { return offset_form_ ? seed_ : host_.current_seed(); }
+  uint64_t current_seed() const override {
+    std::lock_guard<std::mutex> lock(twin_mutex_);
+    return offset_form_ ? seed_ : host_.current_seed();
+  }
   uint64_t seed() override {
-    settle();
-    const uint64_t fresh = host_.seed();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
+    const uint64_t fresh = own_twin(/*keep_state=*/false).seed();
     if (offset_form_) {
       seed_ = fresh;
       offset_ = 0;
@@ -116,7 +149,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
                 "of ", kOffsetStateBytes, " bytes (seed and offset, uint64 each, the layout of CUDA's philox state, "
                 "what DTensor's RNG tracker uses), but it got ", bytes,
                 " bytes; pass a tensor that get_rng_state() returned or torch.neuron.offset_rng_state(seed)");
-    settle();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
     if (bytes == kOffsetStateBytes) {
       uint64_t words[2];
       std::memcpy(words, new_state.data(), sizeof(words));
@@ -124,13 +157,17 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
       offset_ = words[1];
       offset_form_ = true;
     } else {
-      host_.unsafeGetGeneratorImpl()->set_state(new_state);
+      own_twin(/*keep_state=*/false).unsafeGetGeneratorImpl()->set_state(new_state);
       offset_form_ = false;
     }
   }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
-    settle();
-    if (!offset_form_) return host_.unsafeGetGeneratorImpl()->get_state();
+    settle_for_read();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
+    if (!offset_form_) {
+      std::lock_guard<std::mutex> twin_lock(host_.unsafeGetGeneratorImpl()->mutex_);  // a kernel of another thread may draw
+      return host_.unsafeGetGeneratorImpl()->get_state();
+    }
     auto state = at::empty({kOffsetStateBytes}, at::TensorOptions().dtype(at::kByte));
     const uint64_t words[2] = {seed_, offset_};
     std::memcpy(state.data_ptr(), words, sizeof(words));
@@ -140,8 +177,8 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
 
   // The generator one op draws from (see generator_for_draw).
   at::Generator for_draw(int64_t span) {
+    std::lock_guard<std::mutex> lock(twin_mutex_);
     if (!offset_form_) return host_;
-    std::lock_guard<std::mutex> lock(mutex_);
     auto keyed = keyed_cpu_generator(seed_, offset_);
     offset_ += static_cast<uint64_t>((std::max<int64_t>(span, 1) + 3) / 4 * 4);
     return keyed;
@@ -149,6 +186,9 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
 
  private:
   NeuronGeneratorImpl* clone_impl() const override {
+    settle_for_read();
+    std::lock_guard<std::mutex> lock(twin_mutex_);
+    std::lock_guard<std::mutex> twin_lock(host_.unsafeGetGeneratorImpl()->mutex_);
     auto* copy = new NeuronGeneratorImpl(device().index(), host_.clone());
     copy->offset_form_ = offset_form_;
     copy->seed_ = seed_;
@@ -156,10 +196,38 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     return copy;
   }
 
-  static void settle() {
-    if (!on_device_thread() && !in_bad_fork()) synchronize_all(Reason::RandomState);
+  // The CPU twin, this generator's alone, to change (called with twin_mutex_ held): random
+  // ops still queued that hold the current twin keep it, as eager mode's ops would have
+  // drawn from it before the change; the generator goes on with a new one, a copy of the
+  // current state (keep_state) or a fresh generator whose state the caller sets whole.
+  at::Generator& own_twin(bool keep_state) {
+    if (host_.getIntrusivePtr().use_count() > 1) {
+      if (keep_state) {
+        std::lock_guard<std::mutex> twin_lock(host_.unsafeGetGeneratorImpl()->mutex_);
+        host_ = host_.clone();
+      } else {
+        host_ = at::detail::createCPUGenerator();
+      }
+    }
+    return host_;
   }
 
+  // Before the CPU form's state is read: random ops recorded or queued earlier that draw
+  // from the twin draw first, as they would have in eager mode. The offset form advances
+  // when an op is recorded, and a twin nothing else holds has no draws pending.
+  void settle_for_read() const {
+    if (on_device_thread() || in_bad_fork()) return;
+    {
+      std::lock_guard<std::mutex> lock(twin_mutex_);
+      if (offset_form_ || host_.getIntrusivePtr().use_count() == 1) return;
+    }
+    TorchMutexReleased released(const_cast<std::mutex&>(mutex_));
+    synchronize_all(Reason::RandomState);
+  }
+
+  // Guards the fields below: recording threads take the twin (for_draw) while a Python
+  // thread changes the state. Never held while waiting for anything.
+  mutable std::mutex twin_mutex_;
   at::Generator host_;
   bool offset_form_ = false;
   uint64_t seed_ = 0;
