@@ -8,6 +8,7 @@ with other libraries) registers with ``on_first_use``: PyTorch calls
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Callable
 
@@ -140,10 +141,13 @@ def register() -> None:
         )
         _registered = True
 
-        from neuron_lab.device.autograd_threads import backward_on_calling_thread
+        from neuron_lab.device.autograd_threads import backward_on_calling_thread, drain_device_threads
 
         # The thread that first uses the device runs its backward passes (see autograd_threads).
         on_first_use(backward_on_calling_thread)
+        # Other threads' passes run on autograd's device threads, which must let go of them
+        # before the interpreter finalizes (see drain_device_threads).
+        on_first_use(lambda: atexit.register(drain_device_threads))
         # The current core's device thread starts with the first tensor, and sets itself up
         # while the host goes on, not when the first launch waits for it.
         on_first_use(lambda: _C.start_device_thread(int(torch.neuron.current_device())))

@@ -50,6 +50,7 @@ _SYNC_TRIGGERS = {
     Reason.EVENT_SYNCHRONIZE: "Event.synchronize()",
     Reason.MEMORY_STATISTICS: "reading memory statistics",
     Reason.MEMORY_SNAPSHOT: "a memory snapshot",
+    Reason.OUT_OF_MEMORY: "memory ran out, so queued launches ran to give theirs back",
     Reason.RANDOM_STATE: "reading or seeding the random generator",
     Reason.MODE_CHANGE: "a change of execution mode",
 }

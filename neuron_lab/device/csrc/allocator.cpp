@@ -72,6 +72,10 @@ struct Block {
   c10::DeviceIndex device;
   Segment* segment;
   bool allocated = false;
+  // Allocated and counted in the statistics. A pending result's block (allocate_pending)
+  // is allocated, its address the tensor's, but counted only once the storage outlives its
+  // launch (count_computed): a dead intermediate never counts, as before it had any block.
+  bool counted = false;
   bool binned = false;       // free, waiting unmerged in a quick bin (QuickBins)
   c10::StreamId stream = 0;  // stream current when it was allocated
   Frames frames;             // where it was allocated (memory history only)
@@ -288,14 +292,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
   void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override {
     if (data_ptr.get() == nullptr) return;
-    if (is_pending(data_ptr)) {
-      TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == data_ptr.device().index(),
-                  "record_stream: the tensor is on neuron:", int(data_ptr.device().index()),
-                  " but the stream is on ", stream.device());
-      stream_state(stream);
-      return;
-    }
-    TORCH_CHECK(data_ptr.get_deleter() == &NeuronAllocator::release_context,
+    TORCH_CHECK(data_ptr.get_deleter() == &NeuronAllocator::release_context || is_pending(data_ptr),
                 "record_stream: this memory was not allocated by the neuron allocator");
     auto* block = static_cast<Block*>(data_ptr.get_context());
     TORCH_CHECK(stream.device_type() == kNeuron && stream.device_index() == block->device,
@@ -308,7 +305,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   DeviceStats getDeviceStats(c10::DeviceIndex device) override {
-    // Statistics describe executed work: pending launches finish first.
+    // Statistics describe executed work: pending launches finish first, and results that
+    // are still pending but alive (never written: torch.empty) count as the memory they hold.
     if (!on_device_thread()) {
       synchronize_device(device, Reason::MemoryStatistics);
       materialize_all_pending(device);
@@ -403,7 +401,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     count<Sign>(core.stats.inactive_split_bytes, block, static_cast<int64_t>(block->size));
   }
 
-  Block* acquire(c10::DeviceIndex device, size_t nbytes) {
+  Block* acquire(c10::DeviceIndex device, size_t nbytes, bool counted = true) {
     auto& core = core_for(device);
     const size_t size = rounded_size(nbytes);
     const bool small = size <= kSmallBlock;
@@ -435,11 +433,34 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->requested = nbytes;
     block->stream = stream;
     block->frames = frames;
-    log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
-    count_allocated<1>(core, block);
-    trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+    block->counted = counted;
+    if (counted) {
+      log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
+      count_allocated<1>(core, block);
+      trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+    }
     return block;
   }
+
+ public:
+  // A pending result's block (see Block::counted).
+  c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes) {
+    Block* block = acquire(device, nbytes, /*counted=*/false);
+    return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_pending_context, c10::Device(kNeuron, device));
+  }
+
+  // A pending block whose storage outlives its launch starts to count.
+  void count_computed(Block* block) {
+    auto& core = cores_[block->device];
+    std::lock_guard<std::mutex> lock(core.mutex);
+    if (block->counted) return;
+    block->counted = true;
+    log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), block->stream, block->frames);
+    count_allocated<1>(core, block);
+    trace::note_memory(block->device, core.stats.allocated_bytes[0].current, core.stats.reserved_bytes[0].current);
+  }
+
+ private:
 
   // The smallest free block of the pool that holds `size` bytes, taken out of the pool.
   static Block* take_free_block(Core& core, bool small, size_t size) {
@@ -527,11 +548,14 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
     const auto bytes = static_cast<int64_t>(block->size);
-    count_allocated<-1>(core, block);
-    // Launches complete when issued, so a freed block is reusable at once.
-    log(core, "free_requested", block->ptr, bytes, block->stream);
-    log(core, "free_completed", block->ptr, bytes, block->stream);
+    if (block->counted) {
+      count_allocated<-1>(core, block);
+      // Launches complete when issued, so a freed block is reusable at once.
+      log(core, "free_requested", block->ptr, bytes, block->stream);
+      log(core, "free_completed", block->ptr, bytes, block->stream);
+    }
     block->allocated = false;
+    block->counted = false;
     block->requested = 0;
     block->frames = nullptr;
     if (core.quick.push(block)) {
@@ -586,6 +610,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
  public:
   static void release_context(void* context);
+  // The same for memory whose contents no launch has written yet (pending.cpp): a
+  // distinct function, so that the DataPtr itself says which kind it is.
+  static void release_pending_context(void* context);
   // The device DataPtr that owns `block`: freeing it gives the block back.
   static c10::DataPtr owning_data_ptr(Block* block) {
     return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_context, c10::Device(kNeuron, block->device));
@@ -633,6 +660,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 NeuronAllocator* g_allocator = new NeuronAllocator();
 
 void NeuronAllocator::release_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
+void NeuronAllocator::release_pending_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
 
 // ---- host allocations that take device memory ----------------------------------------
 //
@@ -816,6 +844,25 @@ MemorySnapshot memory_snapshot() {
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) materialize_all_pending(d);
   }
   return g_allocator->snapshot();
+}
+
+// ---- memory of results not computed yet (pending.cpp) ----------------------------------
+
+c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes) {
+  return g_allocator->allocate_pending(device, nbytes);
+}
+
+bool is_pending(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &NeuronAllocator::release_pending_context;
+}
+
+bool mark_computed(c10::DataPtr& data_ptr) {
+  if (!data_ptr.compare_exchange_deleter(&NeuronAllocator::release_pending_context,
+                                         &NeuronAllocator::release_context)) {
+    return false;
+  }
+  g_allocator->count_computed(static_cast<Block*>(data_ptr.get_context()));
+  return true;
 }
 
 size_t rounded_size(size_t nbytes) { return (nbytes + kGranularity - 1) / kGranularity * kGranularity; }

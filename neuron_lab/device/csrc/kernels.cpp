@@ -420,10 +420,11 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
 void resize_storage_bytes(const c10::Storage& storage, size_t new_size) {
   TORCH_CHECK(storage.resizable(), "neuron: trying to resize a storage that is not resizable");
   auto* impl = storage.unsafeGetStorageImpl();
-  if (is_pending(storage) && interceptor().defers_allocation() && new_size >= storage.nbytes() &&
-      static_cast<int64_t>(new_size) <= core_capacity()) {
-    // Nothing has been written yet: the storage just stays pending, larger. (Not smaller:
-    // the recorded ops that will write it need its old size when they run.)
+  if (is_pending(storage) && interceptor().defers_allocation() && new_size >= storage.nbytes()) {
+    // Nothing has been written yet: the storage stays pending, in new memory as large, with
+    // nothing to copy. (Not smaller: the recorded ops that will write it need its old size
+    // when they run.)
+    impl->set_data_ptr_noswap(allocate_pending(storage.device().index(), new_size));
     impl->set_nbytes(new_size);
     return;
   }

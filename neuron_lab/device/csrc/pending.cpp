@@ -1,50 +1,33 @@
-// Pending memory: storages of recorded results that have no device memory yet.
+// Pending storages: the results of recorded ops, whose values no launch has computed yet.
 //
-// Every pending storage points at one read-only region of zero pages reserved
-// at start-up (virtual address space only, no physical memory), so a read that
-// slips past the runtime's synchronization sees zeros and never crashes the
-// process. Memory is given when a launch is flushed (materialize); the runtime
-// gives the dead intermediates of a fused graph host scratch outside the allocator.
+// A pending storage gets its block of device memory when it is made, as a CUDA tensor
+// does, so that its address (data_ptr(), the storage's identity for safetensors,
+// torch.save, DDP's buckets and FSDP) is its own and stays the same once the value
+// arrives. The block counts in the memory statistics only once the storage is known to
+// outlive its launch (materialize), or is read while alive (statistics and snapshots
+// materialize every live one): a pending result that nothing outside its fused graph
+// holds when the graph launches (a dead intermediate) gives its block back uncounted, and
+// the graph computes it in host scratch instead (adaptive_eager/csrc/scratch.cpp), as
+// on-chip memory would hold it.
 #include "runtime.h"
 
 #include <ATen/EmptyTensor.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <mutex>
-#include <sys/mman.h>
+#include <vector>
 
 namespace neuron {
 namespace {
-
-void no_delete(void* /*ctx*/) {}
-
-struct ZeroRegion {
-  void* base = nullptr;
-  size_t size = 0;
-};
-
-const ZeroRegion& zero_region() {
-  static const ZeroRegion region = [] {
-    ZeroRegion r;
-    r.size = static_cast<size_t>(std::max<int64_t>(core_capacity(), int64_t(1) << 20));
-    void* p = mmap(nullptr, r.size, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    TORCH_CHECK(p != MAP_FAILED, "neuron: could not reserve ", r.size,
-                " bytes of address space for pending tensors; lower NEURON_LAB_CORE_MEMORY");
-    r.base = p;
-    return r;
-  }();
-  return region;
-}
 
 std::mutex& materialize_mutex() {
   static auto* m = new std::mutex();
   return *m;
 }
 
-// Every pending storage, weakly: memory statistics give the live ones memory.
+// Every pending storage, weakly: memory statistics count the live ones.
 std::mutex& registry_mutex() {
   static auto* m = new std::mutex();
   return *m;
@@ -71,6 +54,21 @@ void register_pending(const c10::intrusive_ptr<c10::StorageImpl>& storage) {
   r.emplace_back(storage);
 }
 
+// Device memory for a new pending storage. Recorded ops that nothing holds any more still
+// hold their results' memory until their launch runs; out of memory, those launches run
+// and give it back (their dead intermediates move to scratch), and the request is tried
+// once more before the allocator's OutOfMemoryError reaches the caller.
+c10::DataPtr allocate_pending_or_wait(c10::DeviceIndex device, size_t nbytes) {
+  try {
+    return allocate_pending(device, nbytes);
+  } catch (const c10::OutOfMemoryError&) {
+    if (on_device_thread()) throw;
+  }
+  synchronize_device(device, Reason::OutOfMemory);
+  release_finished_work();
+  return allocate_pending(device, nbytes);
+}
+
 }  // namespace
 
 void materialize_all_pending(c10::DeviceIndex device) {
@@ -95,23 +93,12 @@ void materialize_all_pending(c10::DeviceIndex device) {
   for (auto& st : alive) materialize(st);
 }
 
-c10::DataPtr pending_data_ptr(c10::DeviceIndex device) {
-  return c10::DataPtr(zero_region().base, nullptr, &no_delete, c10::Device(kNeuron, device));
-}
-
-bool is_pending(const c10::DataPtr& data_ptr) { return data_ptr.get_deleter() == &no_delete; }
-
-bool is_pending(const c10::Storage& storage) {
-  return storage.nbytes() > 0 && is_pending(storage.data_ptr());
-}
+bool is_pending(const c10::Storage& storage) { return storage.nbytes() > 0 && is_pending(storage.data_ptr()); }
 
 void materialize(const c10::Storage& storage) {
   if (!is_pending(storage)) return;
   std::lock_guard<std::mutex> lock(materialize_mutex());
-  if (!is_pending(storage)) return;
-  c10::DeviceGuard guard(storage.device());
-  auto data = allocator()->allocate(storage.nbytes());
-  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(data));
+  mark_computed(storage.unsafeGetStorageImpl()->mutable_data_ptr());
 }
 
 at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
@@ -119,17 +106,15 @@ at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::
   const auto itemsize = c10::elementSize(dtype);
   const size_t nbytes = at::detail::computeStorageNbytes(sizes, strides, itemsize);
   const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
-  if (nbytes == 0 || nbytes > zero_region().size || static_cast<int64_t>(nbytes) > core_capacity()) {
-    // Empty tensors need no memory; oversized ones get the allocator's OOM error now.
+  if (nbytes == 0) {  // nothing to compute, nothing to hold
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     return at::detail::empty_strided_generic(sizes, strides, allocator(), keys, dtype);
   }
   auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                       pending_data_ptr(device), allocator(),
+                                                       allocate_pending_or_wait(device, nbytes), allocator(),
                                                        /*resizable=*/true);
   register_pending(storage);
-  auto tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys,
-                                                         c10::scalarTypeToTypeMeta(dtype));
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, c10::scalarTypeToTypeMeta(dtype));
   tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
   return tensor;
 }

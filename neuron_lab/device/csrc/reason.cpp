@@ -22,6 +22,7 @@ const char* reason_name(Reason reason) {
     case Reason::StreamSwitch: return "stream switch";
     case Reason::MemoryStatistics: return "memory statistics";
     case Reason::MemorySnapshot: return "memory snapshot";
+    case Reason::OutOfMemory: return "out of memory";
     case Reason::RandomState: return "random state";
     case Reason::RandomOp: return "random op";
     case Reason::ModeChange: return "mode change";

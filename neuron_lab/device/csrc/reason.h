@@ -31,6 +31,7 @@ enum class Reason : uint8_t {
   StreamSwitch,
   MemoryStatistics,
   MemorySnapshot,
+  OutOfMemory,  // a request did not fit: launches that hold memory run and give it back first
   RandomState,  // reading or seeding the generator
   RandomOp,     // a random op that runs at once draws from the generator in order
   ModeChange,

@@ -242,20 +242,25 @@ MemorySnapshot memory_snapshot();
 // launch is flushed), so that each block names the line that made it.
 bool recording_memory_history();
 
-// ---- pending memory (pending.cpp) -------------------------------------------
-// A recorded op's result gets its device memory when its launch is flushed, and
-// only if the result is still alive then: a dead intermediate never takes device
-// memory. Until then its storage points at a read-only zero region, so that a
-// stray read sees zeros instead of crashing the process.
-c10::DataPtr pending_data_ptr(c10::DeviceIndex device);
+// ---- pending memory (pending.cpp, allocator.cpp) ------------------------------
+// A recorded op's result is pending until a launch computes it. It gets its block of
+// device memory when it is made (its address is its own, and stays), in a DataPtr that
+// says it is pending; the block counts in the statistics once the storage outlives its
+// launch (materialize). A pending result that nothing outside its launch holds gives the
+// block back uncounted when the launch is built, and its fused graph computes it in
+// scratch instead.
+c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes);  // may raise OutOfMemoryError
 bool is_pending(const c10::DataPtr& data_ptr);
 bool is_pending(const c10::Storage& storage);
-// Gives a pending storage device memory (may raise OutOfMemoryError); no-op otherwise.
+// The pending DataPtr becomes an ordinary one, counted (false: it was not pending).
+bool mark_computed(c10::DataPtr& data_ptr);
+// The storage's memory stays its own from now on (it outlives its launch); no-op otherwise.
 void materialize(const c10::Storage& storage);
-// Gives every pending storage of a core that is still alive device memory:
-// memory statistics then count what the program holds (call after a flush).
+// Materializes every pending storage of a core that is still alive: memory statistics
+// then count what the program holds (call after a flush).
 void materialize_all_pending(c10::DeviceIndex device);
-// A neuron tensor whose storage is pending (no device memory yet).
+// A neuron tensor whose storage is pending. Out of memory, it first waits for the launches
+// that hold blocks of the core's dead intermediates, then raises.
 at::Tensor empty_pending(c10::IntArrayRef sizes, c10::IntArrayRef strides, c10::ScalarType dtype,
                          c10::DeviceIndex device);
 

@@ -83,6 +83,7 @@ void register_trace_bindings(py::module& m) {
   reason.value("STREAM_SWITCH", Reason::StreamSwitch);
   reason.value("MEMORY_STATISTICS", Reason::MemoryStatistics);
   reason.value("MEMORY_SNAPSHOT", Reason::MemorySnapshot);
+  reason.value("OUT_OF_MEMORY", Reason::OutOfMemory);
   reason.value("RANDOM_STATE", Reason::RandomState);
   reason.value("RANDOM_OP", Reason::RandomOp);
   reason.value("MODE_CHANGE", Reason::ModeChange);
