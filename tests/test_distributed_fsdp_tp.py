@@ -238,6 +238,22 @@ def test_random_dtensor_ops_need_no_opt_in(dtensor) -> None:
     assert set(per_rank[0]["dropout_replicate"]["local"]) == {0.0, 2.0}
 
 
+# ---- compiled FlexAttention under activation checkpointing, FSDP2 ---------------------------------
+def test_compiled_flex_attention_under_checkpointing_with_fsdp2_matches_the_cpu() -> None:
+    """TorchTitan's way on 2 ranks: compiled FlexAttention with a block mask, each block
+    checkpointed (its forward runs again in the backward) and sharded with FSDP2; the losses
+    and parameters equal the same model's on the CPU over gloo within float32 rounding (the
+    CPU reference attends with causal SDPA: another summation order)."""
+    (first, second) = [r["compiled_flex_under_checkpointing"] for r in
+                       run_on_ranks(SCRIPTS / "flex_checkpoint_fsdp.py", 2, timeout=900)]
+    for result in (first, second):
+        assert "error" not in result, result.get("error")
+        assert result["sharded"]
+        assert_close(result["losses"], result["ref_losses"])
+        assert_small(result["param_diffs"])
+    assert first["losses"] == second["losses"]
+
+
 # ---- the examples --------------------------------------------------------------------------------
 def reference_losses(example: ModuleType) -> list[float]:
     """The example's model and batches trained in this process on the CPU."""
