@@ -5,6 +5,7 @@ autocast inside compiled code, and what the profiler and explain() show."""
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -468,3 +469,77 @@ def test_default_backend_on_cpu_tensors_is_inductor_as_before():
     out = torch.compile(lambda x: x.sin() * 2)(torch.ones(3))
     assert out.device.type == "cpu"
     assert len(compiled_graphs()) == before  # the neuron backend saw nothing
+
+
+# ---- adopted results: CPU tensors over adopted memory stay valid ----------------------------
+
+_ADOPTION_CASES = '''
+import json, sys, torch, neuron_lab
+from neuron_lab.device import host_kernels as hk
+
+def lent(n):  # a host kernel's result: CPU tensor over memory of core 0
+    with hk.InlineLaunch(0, "test", device_memory=True):
+        return torch.arange(float(n))
+
+def adopted_again():  # a later launch returns the same CPU tensor
+    c = lent(64)
+    with hk.InlineLaunch(0, "first", device_memory=True):
+        a, = hk.adopt([c], 0)
+    with hk.InlineLaunch(0, "second", device_memory=True):
+        b, = hk.adopt([c], 0)
+    a.add_(1)
+    return torch.equal(b.cpu(), torch.arange(64.0) + 1) and b.device == torch.device("neuron", 0)
+
+def read_after():  # the caller reads its CPU result after the launch adopted it
+    c = lent(64)
+    a, = hk.adopt([c], 0)
+    a.mul_(2)
+    torch.neuron.synchronize()
+    return torch.equal(c, torch.arange(64.0) * 2)
+
+def other_core():  # memory of core 0 adopted for core 1: a copy; the CPU tensor keeps its memory
+    c = lent(64)
+    a, = hk.adopt([c], 1)
+    return a.device == torch.device("neuron", 1) and torch.equal(a.cpu(), c) and torch.equal(c, torch.arange(64.0))
+
+def view_then_base():  # a view adopted by one launch, its base by the next
+    c = lent(64)
+    v, = hk.adopt([c[8:16]], 0)
+    b, = hk.adopt([c], 0)
+    b.zero_()
+    return torch.equal(v.cpu(), torch.zeros(8)) and torch.equal(c[:4], torch.zeros(4))
+
+for name in sys.argv[1:]:
+    print(json.dumps({name: bool(globals()[name]())}), flush=True)
+'''
+ADOPTION_CASES = ["adopted_again", "read_after", "other_core", "view_then_base"]
+
+
+@pytest.fixture(scope="module")
+def adoption_results() -> dict:
+    """Each case's result, run in one fresh interpreter (before the fix, the first case's
+    read of an emptied CPU storage killed it with SIGSEGV: the others then report nothing)."""
+    import json
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", _ADOPTION_CASES, *ADOPTION_CASES], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1],  # this checkout's neuron_lab
+                          env={**os.environ, "NEURON_LAB_NUM_CORES": "2"})
+    results = {}
+    for line in done.stdout.splitlines():
+        results.update(json.loads(line))
+    return {"results": results, "returncode": done.returncode, "stderr": done.stderr[-3000:]}
+
+
+@pytest.mark.parametrize("case", ADOPTION_CASES)
+def test_cpu_tensors_over_adopted_memory_stay_valid(adoption_results: dict, case: str) -> None:
+    """A host kernel's CPU result adopted as a neuron tensor keeps its memory: before, the
+    memory moved out of the CPU storage, leaving every CPU tensor over it with no memory,
+    and the next read or adoption of it crashed the process (as compiled FlexAttention
+    under activation checkpointing did in adopt); memory of another core was moved out
+    before the core was checked, then copied from nothing."""
+    assert adoption_results["returncode"] == 0, adoption_results["stderr"]
+    assert adoption_results["results"].get(case) is True, adoption_results

@@ -4,7 +4,8 @@ Each torchrun launch covers many cases (a launch costs seconds of process start)
 rank scripts report one result per case and the tests here check each case on each rank.
 ``rank_scripts/collectives.py`` compares every collective with gloo on 2 and 4 ranks;
 ``rank_scripts/bad_input.py`` checks that bad calls raise clear errors on every rank and
-leave the group usable; ``rank_scripts/dead_rank.py`` kills a rank before a collective.
+leave the group usable; ``rank_scripts/dead_rank.py`` kills a rank before a collective;
+``rank_scripts/point_to_point_mismatch.py`` sends into receives that do not fit.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import pytest
 from rank_scripts.bad_input import CASES as BAD_CASES
 from rank_scripts.bad_input import REINIT_CYCLES
 from rank_scripts.collectives import case_names
+from rank_scripts.point_to_point_mismatch import CASES as P2P_CASES
+from rank_scripts.point_to_point_mismatch import CPU_TENSOR_WORDS as P2P_CPU_WORDS
 from ranks import SCRIPTS, run_on_ranks
 
 Reports = list[dict[str, Any]]
@@ -106,3 +109,33 @@ def test_a_dead_rank_makes_the_survivor_raise() -> None:
     for words in ("all_reduce on the neuron process group", "rank 0 of 2", "failed in its transport",
                   "timeout 0:00:20"):
         assert words in survivor["message"]
+
+
+# ---- sends and receives that do not fit ---------------------------------------------------
+
+@pytest.fixture(scope="module")
+def point_to_point_reports() -> Reports:
+    """Each rank's report of every point-to-point mismatch case (one launch, 2 ranks)."""
+    return run_on_ranks(SCRIPTS / "point_to_point_mismatch.py", 2, timeout=300)
+
+
+@pytest.mark.parametrize("case", sorted(P2P_CASES))
+def test_mismatched_send_and_recv_raise_on_both_ranks_and_the_group_stays_usable(
+        point_to_point_reports: Reports, case: str) -> None:
+    """Before: a smaller recv aborted rank 1 (SIGABRT in gloo), a larger one or another
+    dtype returned with wrong data and no error."""
+    _, _, errors, words = P2P_CASES[case]
+    for rank, rep in enumerate(point_to_point_reports):
+        result = rep["cases"][case]
+        assert result["raised"] == errors[rank], f"rank {rank}: {result}"
+        for w in words or P2P_CPU_WORDS[rank]:
+            assert w in result["message"], f"rank {rank}: {w!r} not in {result['message']!r}"
+        assert result["untouched"], f"rank {rank}: the receive's tensor changed although nothing was sent"
+        assert result["usable"], f"rank {rank}: the matching send/recv and all_reduce after {case} failed"
+    if errors[0] == errors[1]:  # both ranks say the same
+        assert point_to_point_reports[0]["cases"][case]["message"] == point_to_point_reports[1]["cases"][case]["message"]
+
+
+def test_sends_progress_while_their_rank_blocks_in_a_receive(point_to_point_reports: Reports) -> None:
+    for rep in point_to_point_reports:
+        assert rep["cases"]["progress"] == {"isend_then_recv": True, "irecv_then_send": True}

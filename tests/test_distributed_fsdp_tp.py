@@ -214,12 +214,44 @@ def test_random_ops_on_dtensors_draw_per_shard_and_keep_ranks_in_step(dtensor) -
     assert values == {0.0, 2.0}
 
 
-def test_random_dtensor_ops_refuse_the_cpu_form_state(dtensor) -> None:
-    """In the CPU form (the default: the CPU's numbers) the state is no philox layout and
-    DTensor's tracker fails rather than drawing the same numbers into every shard."""
-    for r in results(dtensor, "random_in_cpu_form"):
-        assert r["raised"] is not None
-        assert r["state_bytes"] == 5056
+def test_random_dtensor_ops_need_no_opt_in(dtensor) -> None:
+    """torch.manual_seed, then DTensor random ops with the generators in their CPU form:
+    before, torch's tracker failed with a bare AssertionError (it reads a 16-byte philox
+    state). Now the tracker puts the generator into the offset form at (seed, 0): shards
+    draw their own numbers, replicas equal ones, all ranks stay at one offset; a
+    user-passed generator likewise. Outside DTensor the generator kept the CPU form."""
+    per_rank = results(dtensor, "random_no_opt_in")
+    for r in per_rank:
+        assert r["outside"] == {"state_bytes": 5056, "cpu_numbers": True, "restores": True}
+        for case, offset in (("normal_shard0", 48), ("uniform_replicate", 96), ("rand_like_shard0", 144),
+                             ("dropout_replicate", 192)):
+            assert r[case]["state_after"] == [1234, offset], case
+        for case in ("normal_shard0", "uniform_replicate", "rand_like_shard0"):
+            assert r[case]["local_diff"] == 0.0, case
+        assert r["normal_shard0"]["shards_differ"]
+        explicit = r["explicit_generator"]
+        assert explicit["bytes_before"] == 5056
+        assert explicit["generator_after"] == [1235, 48] and explicit["local_diff"] == 0.0
+        assert explicit["default_after"] == [1234, 192]
+    for case in ("uniform_replicate", "dropout_replicate"):
+        assert per_rank[0][case]["local"] == per_rank[1][case]["local"], case
+    assert set(per_rank[0]["dropout_replicate"]["local"]) == {0.0, 2.0}
+
+
+# ---- compiled FlexAttention under activation checkpointing, FSDP2 ---------------------------------
+def test_compiled_flex_attention_under_checkpointing_with_fsdp2_matches_the_cpu() -> None:
+    """TorchTitan's way on 2 ranks: compiled FlexAttention with a block mask, each block
+    checkpointed (its forward runs again in the backward) and sharded with FSDP2; the losses
+    and parameters equal the same model's on the CPU over gloo within float32 rounding (the
+    CPU reference attends with causal SDPA: another summation order)."""
+    (first, second) = [r["compiled_flex_under_checkpointing"] for r in
+                       run_on_ranks(SCRIPTS / "flex_checkpoint_fsdp.py", 2, timeout=900)]
+    for result in (first, second):
+        assert "error" not in result, result.get("error")
+        assert result["sharded"]
+        assert_close(result["losses"], result["ref_losses"])
+        assert_small(result["param_diffs"])
+    assert first["losses"] == second["losses"]
 
 
 # ---- the examples --------------------------------------------------------------------------------

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import io
 import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from IPython.core.error import UsageError
@@ -316,3 +321,126 @@ def test_the_package_exports_the_runner_and_the_backend_does_not_load_it() -> No
                       "print(sorted(m for m in sys.modules if m.startswith('neuron_lab.launch')))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+# ---- the ranks and their folder go with the caller; the stores listen on loopback -------------
+
+SLEEPING_CELL = "import time\ntime.sleep(300)\n"
+_REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def _caller_environment(tmp: Path) -> dict[str, str]:
+    """The caller's environment: its cell folder under ``tmp`` (TMPDIR), this checkout's neuron_lab."""
+    import os
+
+    path = os.pathsep.join([str(_REPOSITORY), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+
+
+def _cell_folder_once_ranks_run(tmp: Path, alive: Callable[[], bool], timeout: float = 240) -> Path:
+    """The caller's cell folder under ``tmp``, once both ranks started the cell."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert alive(), "the caller exited before its ranks started"
+        for folder in tmp.glob("neuron-cell-*"):
+            if all((folder / f"rank{r}.started").exists() for r in range(2)):
+                return folder
+        time.sleep(0.1)
+    raise AssertionError(f"the ranks did not start within {timeout} s")
+
+
+def _still_running(processes: list[psutil.Process]) -> list[str]:
+    running = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                running.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def _gone_within(processes: list[psutil.Process], folder: Path, seconds: float) -> tuple[list[str], bool]:
+    """Waits until every process ended and the folder is removed; what is left after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (_still_running(processes) or folder.exists()):
+        time.sleep(0.1)
+    return _still_running(processes), folder.exists()
+
+
+def _below(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_ranks_and_folder_go_with_the_caller(tmp_path: Path, signal_name: str) -> None:
+    """The process that called run_on_ranks (a kernel) is killed, terminated (what a kernel
+    restart or shutdown does to a busy kernel) or interrupted mid-cell: torchrun, its ranks
+    and the cell's folder are gone within seconds. Before, torchrun and the ranks ran on
+    (their own session) and the folder stayed, but for the interrupt."""
+    import signal
+
+    caller = subprocess.Popen([sys.executable, "-c", f"from neuron_lab.launch import run_on_ranks\n"
+                                                     f"run_on_ranks({SLEEPING_CELL!r}, 2, timeout=600)"],
+                              env=_caller_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        folder = _cell_folder_once_ranks_run(tmp_path, lambda: caller.poll() is None)
+        below = _below(caller.pid)
+        assert len(below) >= 3, [p.cmdline() for p in below]  # torchrun and two ranks
+        caller.send_signal(getattr(signal, signal_name))
+        caller.wait(timeout=60)
+        left, folder_left = _gone_within(below, folder, 15)
+        assert not left, f"still running after {signal_name} of the caller: {left}"
+        assert not folder_left, f"{folder} is still there after {signal_name} of the caller"
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+            caller.wait()
+
+
+def test_a_kernel_killed_and_restarted_during_a_cell_takes_the_ranks_and_folder(tmp_path: Path) -> None:
+    """A Jupyter kernel killed and restarted (SIGKILL) while %%neuron_distributed runs.
+    (A polite restart, a shutdown request to the busy kernel, already ended the ranks here
+    with ipykernel 7.4: the kernel stops the cell, and the runner stopped the ranks.)"""
+    from jupyter_client.manager import KernelManager
+
+    manager = KernelManager(kernel_name="python3")
+    manager.start_kernel(env=_caller_environment(tmp_path))
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        client.execute("%load_ext neuron_lab", reply=True, timeout=120)
+        client.execute("%%neuron_distributed -n 2 --timeout 600\n" + SLEEPING_CELL)
+        kernel_pid = manager.provisioner.pid
+        folder = _cell_folder_once_ranks_run(tmp_path, lambda: psutil.pid_exists(kernel_pid))
+        below = _below(kernel_pid)
+        assert len(below) >= 3, [p.cmdline() for p in below]
+        manager.restart_kernel(now=True)
+        left, folder_left = _gone_within(below, folder, 20)
+        assert not left, f"still running after the kernel's restart: {left}"
+        assert not folder_left, f"{folder} is still there after the kernel's restart"
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def test_torchrun_and_ranks_listen_on_the_loopback_interface_only(tmp_path: Path) -> None:
+    """torchrun's stores (rendezvous and the workers' bootstrap store) are unauthenticated:
+    another machine must not reach them. Before, torch's TCPStore listened on every interface."""
+    caller = subprocess.Popen([sys.executable, "-c", f"from neuron_lab.launch import run_on_ranks\n"
+                                                     f"run_on_ranks({SLEEPING_CELL!r}, 2, timeout=600)"],
+                              env=_caller_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _cell_folder_once_ranks_run(tmp_path, lambda: caller.poll() is None)
+        listening = {}
+        for process in _below(caller.pid):
+            sockets = [c.laddr for c in process.net_connections("inet") if c.status == psutil.CONN_LISTEN]
+            listening[f"{process.pid} {' '.join(process.cmdline()[1:3])}"] = [(a.ip, a.port) for a in sockets]
+        torchrun = [name for name in listening if "tied_torchrun" in name]
+        assert torchrun and len(listening[torchrun[0]]) >= 2, listening  # its rendezvous and bootstrap stores
+        exposed = {name: [a for a in addresses if a[0] != "127.0.0.1"] for name, addresses in listening.items()}
+        assert not any(exposed.values()), f"listening beyond 127.0.0.1: {exposed}"
+    finally:
+        caller.kill()
+        caller.wait()

@@ -7,9 +7,10 @@ exactly the numbers the same program draws on the CPU.
 A generator can instead be put in the offset form, ``set_rng_state(offset_rng_state(seed))``:
 its state is then 16 bytes, seed and offset (uint64 each, the layout of CUDA's philox
 state), and the numbers of each random op depend only on the (seed, offset) it starts
-from. That is what DTensor's RNG tracker needs on every rank before random ops on
-DTensors (``torch.nn.init`` of sharded parameters, dropout): it moves the offset so
-that each shard draws its own numbers and the ranks stay in step. The offset form's
+from. That is what DTensor's RNG tracker needs for random ops on DTensors
+(``torch.nn.init`` of sharded parameters, dropout): it moves the offset so that each
+shard draws its own numbers and the ranks stay in step. The tracker puts a generator
+into this form itself (``neuron_lab/integrations/dtensor_random.py``). The offset form's
 numbers are not the CPU's; ``manual_seed`` keeps the form a generator is in.
 """
 

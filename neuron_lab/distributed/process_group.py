@@ -13,6 +13,7 @@ re-earn those. What this class adds is the device's side of a collective:
 - non-contiguous tensors go through a contiguous host copy, PREMUL_SUM scales a copy;
 - before any data moves the ranks agree on the collective (``agreement.py``): a shape
   or dtype mismatch raises on every rank instead of terminating the processes in gloo;
+  a send and its receive swap their dtypes and sizes first (``point_to_point.py``);
 - each collective leaves a ``CollectiveRecord`` (bytes moved, time) for the profiler.
 
 Collectives run on the calling thread and return completed work (their future holds
@@ -37,6 +38,7 @@ from neuron_lab.device.host_kernels import (InlineLaunch, host_alias, host_alloc
 from neuron_lab.device.trace import Reason, now_ns
 from neuron_lab.distributed.agreement import INLINE_BYTES, CollectiveMismatchError, Meeting, Signature
 from neuron_lab.distributed.held_tensors import HoldingGloo
+from neuron_lab.distributed.point_to_point import MAX_TAG, Transfer, TransferHeader, submit
 from neuron_lab.distributed.records import CollectiveRecord, record_collective
 
 __all__ = ["NeuronProcessGroup"]
@@ -599,8 +601,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _end_coalescing(self, device: torch.device) -> dist.Work:
         """Waits for the block's sends and receives (all posted by now); completed work."""
         works, self._coalesced_point_to_point = self._coalesced_point_to_point or [], None
-        for work in works:
-            work.wait()
+        errors = []
+        for work in works:  # every one, so that none is left half done when one fails
+            try:
+                work.wait()
+            except Exception as e:  # noqa: BLE001 - raised below, with the others
+                errors.append(e)
+        if len(errors) > 1:
+            raise type(errors[0])(" | ".join(str(e) for e in errors)) from errors[0]
+        if errors:
+            raise errors[0]
         return _completed([])
 
     # ---- point to point (asynchronous) -------------------------------------------------
@@ -616,19 +626,31 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._point_to_point("recv", tensors, -1, tag)
 
     def _point_to_point(self, name: str, tensors: list[torch.Tensor], peer: int, tag: int) -> dist.Work:
-        self._check(name, tensors)
-        start = now_ns()
+        """One send or receive (``peer`` -1: from any rank). Its two sides first swap
+        their dtypes and sizes (``point_to_point.py``): a mismatch raises on both ranks
+        with nothing sent, where gloo would terminate the receiver or corrupt its tensor.
+        An error here (a CPU tensor, an error of earlier device work) still takes part in
+        the handshake, flagged, so that the peer raises instead of waiting."""
         sending = name == "send"
-        device_tensors = [t for t in tensors if t.device.type == _DEVICE_TYPE]
-        if device_tensors:
-            prepare_host_access(tensors if sending else [], [] if sending else tensors, name, Reason.COLLECTIVE)
+        start = now_ns()
+        if not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"{name} on a neuron process group: tag {tag} is out of range; use 0 to {MAX_TAG}")
+        what = f"{name} {'to' if sending else 'from'} {f'rank {peer}' if peer >= 0 else 'any rank'}"
+        transfer = Transfer(self._gloo, sending, peer, tag, self._rank, [], TransferHeader(None, 0, ()),
+                            lambda e: _transport_error(what, self, e))
+        device_tensors = [t for t in tensors if isinstance(t, torch.Tensor) and t.device.type == _DEVICE_TYPE]
+        try:
+            self._check(name, tensors)
+            if device_tensors:
+                prepare_host_access(tensors if sending else [], [] if sending else tensors, name, Reason.COLLECTIVE)
+            staged = [_Staged(t, read=sending) for t in tensors]
+        except Exception:
+            transfer.header = TransferHeader(None, 0, (), failed=True)
+            submit(transfer)
+            raise
         ready = now_ns()
-        staged = [_Staged(t, read=sending) for t in tensors]
-        hosts = [s.host for s in staged]
-        if peer < 0:  # a receive from any rank
-            work = self._gloo.recv_anysource(hosts, tag)
-        else:
-            work = (self._gloo.send if sending else self._gloo.recv)(hosts, peer, tag)
+        transfer.hosts, transfer.header = [s.host for s in staged], TransferHeader.of(tensors)
+        submit(transfer)
         device = device_tensors[0].device.index if device_tensors else -1
         nbytes = _nbytes(tensors)
         plan = _Plan(name, tensors, [], nbytes, nbytes, Signature(name, None, None), tensors)
@@ -641,39 +663,49 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     note_written(device_tensors)
             self._record(plan, start, ready, device)
 
-        what = f"{name} {'to' if sending else 'from'} {f'rank {peer}' if peer >= 0 else 'any rank'}"
-        point_to_point = _PointToPointWork(work, finished, lambda e: _transport_error(what, self, e), tensors)
+        point_to_point = _PointToPointWork(transfer, finished, tensors, what, self._timeout)
         if self._coalesced_point_to_point is not None:
             self._coalesced_point_to_point.append(point_to_point)
         return point_to_point
 
 
 class _PointToPointWork(dist.Work):
-    """An asynchronous send or receive: ``wait()`` waits for gloo, then (for a receive)
-    writes back staged copies and marks the tensors computed."""
+    """An asynchronous send or receive: ``wait()`` waits for its transfer (handshake and
+    data, on a lane thread), then (for a receive) writes back staged copies and marks the
+    tensors computed; it raises the transfer's error, on both ranks for a mismatch."""
 
-    def __init__(self, inner: dist.Work, finished: Callable[[], None],
-                 error: Callable[[RuntimeError], Exception], tensors: list[torch.Tensor]) -> None:
+    def __init__(self, transfer: Transfer, finished: Callable[[], None], tensors: list[torch.Tensor],
+                 what: str, group_timeout: timedelta) -> None:
         super().__init__()
-        self._inner, self._finished, self._error, self._tensors = inner, finished, error, tensors
+        self._transfer, self._finished, self._tensors = transfer, finished, tensors
+        self._what, self._group_timeout = what, group_timeout
         self._done = False
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         if not self._done:
-            try:
-                self._inner.wait() if timeout is None else self._inner.wait(timeout)
-            except RuntimeError as e:
-                raise self._error(e) from e
+            limit = timeout.total_seconds() if timeout else None
+            if not self._transfer.done.wait(limit):
+                raise dist.DistBackendError(f"{self._what} did not complete in {timeout}; it goes on in the "
+                                            f"background (and fails after the group's timeout, "
+                                            f"{self._group_timeout}, if its peer never takes part)")
+            if self._transfer.error is not None:
+                raise self._transfer.error
             self._done = True
             self._finished()
         return True
 
     def is_completed(self) -> bool:
-        return self._done or self._inner.is_completed()
+        return self._done or self._transfer.done.is_set()
+
+    def is_success(self) -> bool:
+        return self._transfer.done.is_set() and self._transfer.error is None
+
+    def exception(self) -> BaseException | None:
+        return self._transfer.error
 
     def _source_rank(self) -> int:
         """The rank a receive from any rank got its data from (after ``wait()``)."""
-        return self._inner._source_rank()
+        return self._transfer.source
 
     def get_future(self) -> torch.futures.Future:
         """A future of the tensors (waits for the transfer first)."""

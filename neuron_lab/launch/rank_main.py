@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from neuron_lab.launch import job as cell_job
+from neuron_lab.launch import tied_torchrun
 
 __all__ = ["main"]
 
 _VALUE_REPR_CHARS = 2000
+_PR_SET_PDEATHSIG = 1
 
 
 def main(folder: Path) -> int:
+    _die_with_torchrun()
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     cell_job.write_atomically(cell_job.pid_file(folder, rank), str(os.getpid()).encode())
@@ -44,6 +47,20 @@ def main(folder: Path) -> int:
     cell_job.write_atomically(cell_job.outcome_file(folder, rank), _pickled(outcome))
     _finish()
     return 0
+
+
+def _die_with_torchrun() -> None:
+    """Asks Linux to SIGKILL this rank when its torchrun dies: torchrun kills its ranks
+    when the caller goes, but it may be killed first (``tied_torchrun.py``)."""
+    launcher = os.environ.get(tied_torchrun.LAUNCHER_PID_VARIABLE)
+    if sys.platform != "linux" or launcher is None:
+        return
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(launcher):  # torchrun died before the request: nobody is left to ask
+        os._exit(1)
 
 
 def _set_up(job: cell_job.Job, folder: Path, rank: int, world_size: int, outcome: cell_job.Outcome) -> dict:

@@ -2,12 +2,15 @@
 of ``%%neuron_distributed``.
 
 The cell goes to a file, torchrun starts N fresh processes with the kernel's own
-interpreter (``python -m torch.distributed.run --standalone``), each runs
-``neuron_lab.launch.rank_main`` on it, and this module streams their output into the
-caller's, each line labelled by its rank, then collects what each rank reported
-(``job.py``) into a ``RanksResult`` or raises a ``RankError``/``RankTimeoutError``.
-The caller's process (the notebook kernel) runs none of the cell and stays usable,
-whatever the ranks do.
+interpreter, each runs ``neuron_lab.launch.rank_main`` on it, and this module streams
+their output into the caller's, each line labelled by its rank, then collects what each
+rank reported (``job.py``) into a ``RanksResult`` or raises a ``RankError``/
+``RankTimeoutError``. The caller's process (the notebook kernel) runs none of the cell
+and stays usable, whatever the ranks do.
+
+torchrun runs tied to the caller (``tied_torchrun.py``): when the kernel goes (interrupt,
+restart, shutdown, SIGKILL), the ranks and the cell's folder go with it, and its stores
+listen on 127.0.0.1 only (a single-node rendezvous on the loopback interface).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
 from neuron_lab.launch import job as cell_job
+from neuron_lab.launch import tied_torchrun
 from neuron_lab.launch.result import RankError, RanksResult, RankTimeoutError, failure_message
 
 __all__ = ["run_on_ranks", "DEFAULT_TIMEOUT_S", "START_TIMEOUT_S"]
@@ -39,6 +44,7 @@ _KILL_WAIT_S = 30.0         # torchrun's own grace period for its workers, after
 _POLL_S = 0.2               # how often the loop checks the clocks while no output comes
 _PREFIX = re.compile(r"^\[rank (\d+)\] ")
 _LAUNCHER_TAIL_LINES = 40
+_TIED_TORCHRUN = Path(tied_torchrun.__file__)  # run by path: torchrun's process needs no neuron_lab
 
 
 def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = None,
@@ -73,6 +79,7 @@ def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = 
     import neuron_lab
 
     folder = Path(tempfile.mkdtemp(prefix="neuron-cell-"))
+    run = None
     try:
         (folder / cell_job.CELL_FILE).write_text("\n" * (first_line - 1) + code)
         cell_job.Job(push=pushed, profile=profile, mode=neuron_lab.get_mode()).write(folder)
@@ -80,7 +87,9 @@ def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = 
         run.wait(timeout, start_timeout)
         outcome = run.outcome()
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)  # before letting torchrun go: it removes what is left
+        if run is not None:
+            run.release()
     if isinstance(outcome, Exception):
         raise outcome  # from here: the notebook's traceback then ends at run_on_ranks
     return outcome
@@ -146,11 +155,19 @@ class _Run:
         self.started_at = time.monotonic()
         self.timed_out: str | None = None
         self.killed: list[int] = []
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "--tee=3",
-             f"--log-dir={folder / 'logs'}", "-m", "neuron_lab.launch.rank_main", str(folder)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            errors="replace", bufsize=1, env=_environment(nproc), start_new_session=True)
+        tie, self._tie = os.pipe()  # torchrun's end closes with this process, however it ends
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, str(_TIED_TORCHRUN), "--tie", str(tie), "--folder", str(folder), "--",
+                 *_loopback_rendezvous(), f"--nproc-per-node={nproc}", "--tee=3", f"--log-dir={folder / 'logs'}",
+                 "-m", "neuron_lab.launch.rank_main", str(folder)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                errors="replace", bufsize=1, env=_environment(nproc), start_new_session=True, pass_fds=(tie,))
+        except BaseException:
+            os.close(self._tie)
+            raise
+        finally:
+            os.close(tie)
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.readers = [threading.Thread(target=self._read, args=(name, stream), daemon=True,
                                          name=f"neuron-ranks-{name}")
@@ -201,7 +218,6 @@ class _Run:
             raise
         finally:
             self._drain()
-        self.process.wait()
 
     def _show(self, name: str, line: str) -> None:
         match = _PREFIX.match(line)
@@ -231,7 +247,9 @@ class _Run:
         return all(marker(self.folder, r).exists() for r in range(self.nproc))
 
     def _stop(self) -> None:
-        """Kills every rank (SIGKILL: a rank stuck in a collective ignores nothing), then torchrun."""
+        """Kills every rank (SIGKILL: a rank stuck in a collective ignores nothing) and what
+        the ranks started: torchrun kills everything below it when asked through the tie,
+        and torchrun's own main then ends, closing the output."""
         for rank in range(self.nproc):
             path = cell_job.pid_file(self.folder, rank)
             if not path.exists():
@@ -243,13 +261,24 @@ class _Run:
                     self.killed.append(pid)
                 except ProcessLookupError:
                     pass
-        if self.process.poll() is None:
-            self.process.terminate()  # torchrun stops the workers that had not written their pid yet
-            try:
-                self.process.wait(timeout=_KILL_WAIT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        try:
+            os.write(self._tie, tied_torchrun.STOP)
+        except OSError:  # torchrun is gone already
+            pass
+
+    def release(self) -> None:
+        """Lets torchrun go (it exits, removing the folder if it is still there) and waits
+        for it; kills its process group if it lingers."""
+        if self._tie >= 0:
+            os.close(self._tie)
+            self._tie = -1
+        try:
+            self.process.wait(timeout=_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
 
     def outcome(self) -> RanksResult | RankError | RankTimeoutError:
         """The ranks' outcomes as a result, or the error that explains what went wrong."""
@@ -278,6 +307,15 @@ def _launcher_summary(lines: list[str]) -> str:
         if line.strip() == "Failures:":
             return "\n".join(lines[max(i - 3, 0):])
     return "\n".join(lines[-_LAUNCHER_TAIL_LINES:])
+
+
+def _loopback_rendezvous() -> list[str]:
+    """torchrun's arguments for one node on the loopback interface: what ``--standalone``
+    does, with 127.0.0.1 for the rendezvous store and the workers' store (whose servers
+    ``tied_torchrun`` binds to 127.0.0.1)."""
+    loopback = tied_torchrun.LOOPBACK
+    return ["--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={loopback}:0", f"--rdzv-id={uuid.uuid4()}",
+            f"--local-addr={loopback}"]
 
 
 def _environment(nproc: int) -> dict[str, str]:

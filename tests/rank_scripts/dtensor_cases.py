@@ -5,10 +5,11 @@
 - ``redistribute`` between Shard, Replicate and Partial (sum and avg);
 - elementwise ops, softmax, reductions and matmuls (one giving a Partial result) and
   their gradients;
-- random ops: ``torch.nn.init.normal_``/``uniform_`` and dropout on sharded and
-  replicated DTensors with the device's generators in the offset form. Each rank's
-  shard is checked against a draw from an explicit generator at the offset DTensor's
-  RNG tracker gives that shard; the ranks must end at the same offset.
+- random ops: ``torch.nn.init.normal_``/``uniform_``, ``rand_like`` and dropout on sharded
+  and replicated DTensors, first with no opt-in (the generators in their CPU form, as a
+  user's program has them), then with the device's generators put in the offset form by
+  hand. Each rank's shard is checked against a draw from an explicit generator at the
+  offset DTensor's RNG tracker gives that shard; the ranks must end at the same offset.
 """
 
 from __future__ import annotations
@@ -111,10 +112,10 @@ def offset_of_state() -> list[int]:
 
 
 def draw_at(offset: int, shape: torch.Size, fill: Callable[[torch.Tensor, torch.Generator], torch.Tensor],
-            dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """What a neuron generator in the offset form at (SEED, offset) draws into a tensor of ``shape``."""
+            dtype: torch.dtype = torch.float32, seed: int = SEED) -> torch.Tensor:
+    """What a neuron generator in the offset form at (seed, offset) draws into a tensor of ``shape``."""
     g = torch.Generator(DEVICE)
-    g.set_state(torch.neuron.offset_rng_state(SEED, offset))
+    g.set_state(torch.neuron.offset_rng_state(seed, offset))
     return fill(torch.empty(shape, device=DEVICE, dtype=dtype), g)
 
 
@@ -182,19 +183,58 @@ def case_random() -> dict[str, Any]:
     return out
 
 
-def case_random_needs_the_offset_form() -> dict[str, Any]:
-    """In the CPU form the state is not the philox layout DTensor's tracker reads: it fails
-    (in torch's tracker) instead of drawing numbers that are wrong across ranks."""
-    torch.manual_seed(0)
-    torch.neuron.set_rng_state(torch.random.default_generator.get_state())  # a CPU-form state
-    d = distribute_tensor(torch.zeros(8, 6, device=DEVICE), MESH, [Shard(0)])
-    try:
-        torch.nn.init.normal_(d)
-    except Exception as e:  # noqa: BLE001 - what the tracker raises is torch's
-        return {"raised": type(e).__name__, "state_bytes": torch.neuron.get_rng_state().numel()}
-    return {"raised": None, "state_bytes": torch.neuron.get_rng_state().numel()}
+def case_random_with_no_opt_in() -> dict[str, Any]:
+    """What a user's program does: seed, then random ops on DTensors, with the default
+    generator in its CPU form (the first DTensor random op of the process, so the RNG
+    tracker starts here). Outside DTensor the generator keeps the CPU form (the CPU's
+    numbers, its state restores exactly); DTensor's tracker puts it into the offset form
+    at (seed, 0), so each shard draws what a generator at that shard's offset draws, as
+    with the opt-in. A user-passed generator in the CPU form likewise."""
+    torch.manual_seed(SEED)
+    saved = torch.neuron.get_rng_state()
+    plain = torch.randn(5, device=DEVICE).cpu()
+    torch.neuron.set_rng_state(saved)
+    out: dict[str, Any] = {"outside": {
+        "state_bytes": saved.numel(), "cpu_numbers": torch.equal(plain, torch.randn(5, generator=torch.Generator()
+                                                                                    .manual_seed(SEED))),
+        "restores": torch.equal(torch.randn(5, device=DEVICE).cpu(), plain)}}
+    torch.neuron.set_rng_state(saved)
+
+    sharded = distribute_tensor(torch.zeros(8, 6, device=DEVICE), MESH, [Shard(0)])
+    torch.nn.init.normal_(sharded)
+    local = sharded.to_local()
+    halves = sharded.full_tensor().cpu().chunk(WORLD)
+    out["normal_shard0"] = {
+        "local_diff": max_diff(local, draw_at(shard_offset(24, RANK), local.shape, lambda t, g: t.normal_(generator=g))),
+        "shards_differ": bool(not torch.equal(halves[0], halves[1])), "state_after": offset_of_state()}
+
+    replicated = distribute_tensor(torch.zeros(8, 6, device=DEVICE), MESH, [Replicate()])
+    torch.nn.init.uniform_(replicated)
+    out["uniform_replicate"] = {
+        "local_diff": max_diff(replicated.to_local(), draw_at(48, replicated.shape, lambda t, g: t.uniform_(generator=g))),
+        "local": replicated.to_local().cpu().flatten().tolist(), "state_after": offset_of_state()}
+
+    like = torch.rand_like(distribute_tensor(torch.zeros(8, 6, device=DEVICE), MESH, [Shard(0)]))
+    out["rand_like_shard0"] = {
+        "local_diff": max_diff(like.to_local(), draw_at(96 + shard_offset(24, RANK), torch.Size([4, 6]),
+                                                        lambda t, g: t.uniform_(generator=g))),
+        "state_after": offset_of_state()}
+
+    dropped = F.dropout(distribute_tensor(torch.ones(8, 6, device=DEVICE), MESH, [Replicate()]), p=0.5)
+    out["dropout_replicate"] = {"local": dropped.to_local().cpu().flatten().tolist(), "state_after": offset_of_state()}
+
+    g = torch.Generator(DEVICE).manual_seed(SEED + 1)  # a user's generator, in the CPU form
+    g_bytes = g.get_state().numel()
+    explicit = distribute_tensor(torch.zeros(8, 6, device=DEVICE), MESH, [Shard(0)])
+    torch.nn.init.normal_(explicit, generator=g)
+    out["explicit_generator"] = {
+        "bytes_before": g_bytes, "generator_after": g.get_state().view(torch.int64).tolist(),
+        "local_diff": max_diff(explicit.to_local(), draw_at(shard_offset(24, RANK), torch.Size([4, 6]),
+                                                            lambda t, g: t.normal_(generator=g), seed=SEED + 1)),
+        "default_after": offset_of_state()}
+    return out
 
 
 if __name__ == "__main__":
     run_cases({"distribute": case_distribute, "redistribute": case_redistribute, "ops": case_ops,
-               "random": case_random, "random_in_cpu_form": case_random_needs_the_offset_form})
+               "random_no_opt_in": case_random_with_no_opt_in, "random": case_random})

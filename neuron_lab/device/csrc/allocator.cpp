@@ -797,17 +797,42 @@ HostAllocationsOnDevice::~HostAllocationsOnDevice() {
 
 c10::DeviceIndex host_allocations_device() { return tl_lending.device; }
 
-c10::Storage adopt_host_storage(const c10::Storage& host_storage) {
+namespace {
+
+// The context of a CPU storage whose memory a neuron storage adopted: it keeps that
+// neuron storage, and so the memory, alive while CPU tensors over the memory live.
+struct AdoptedMemory {
+  c10::Storage device_storage;
+};
+
+void release_adopted_memory(void* context) { delete static_cast<AdoptedMemory*>(context); }
+
+}  // namespace
+
+c10::Storage adopt_host_storage(const c10::Storage& host_storage, c10::DeviceIndex device) {
   auto* impl = host_storage.unsafeGetStorageImpl();
-  if (impl == nullptr || impl->data_ptr().get_deleter() != &free_device_or_host) return {};
+  if (impl == nullptr) return {};
+  if (impl->data_ptr().get_deleter() == &release_adopted_memory) {  // an earlier launch adopted it
+    const auto* adopted = static_cast<const AdoptedMemory*>(impl->data_ptr().get_context());
+    return adopted->device_storage.device().index() == device ? adopted->device_storage : c10::Storage();
+  }
+  if (impl->data_ptr().get_deleter() != &free_device_or_host) return {};
   Block* block = take_host_block(impl->data_ptr().get());
   if (block == nullptr) return {};  // host memory freed through the raw deleter
-  const size_t nbytes = impl->nbytes();
-  impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU))).release_context();  // now the block's owner
-  impl->set_nbytes(0);  // the CPU storage keeps no view of memory it no longer owns
-  c10::DataPtr data = NeuronAllocator::owning_data_ptr(block);
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                                            std::move(data), g_allocator, /*resizable=*/true));
+  if (block->device != device) {
+    std::lock_guard<std::mutex> lock(g_host_blocks_mutex);
+    host_blocks().emplace(block->ptr, block);  // still lent to the host, as before
+    return {};
+  }
+  c10::Storage adopted(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), impl->nbytes(),
+                                                             NeuronAllocator::owning_data_ptr(block), g_allocator,
+                                                             /*resizable=*/true));
+  // The CPU storage keeps its view of the memory, now held through the neuron storage
+  // (its old DataPtr's deleter must not run: the block is the neuron storage's).
+  impl->set_data_ptr(c10::DataPtr(block->ptr, new AdoptedMemory{adopted}, &release_adopted_memory,
+                                  c10::Device(c10::kCPU)))
+      .release_context();
+  return adopted;
 }
 
 bool adopt_host_storage_in_place(c10::StorageImpl& impl, c10::DeviceIndex device) {

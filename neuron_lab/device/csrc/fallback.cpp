@@ -176,8 +176,8 @@ const c10::Storage* HostResults::adopted_storage(const at::Tensor& cpu_tensor) {
   for (const auto& [adopted_key, adopted] : adopted_) {
     if (adopted_key == key) return &adopted;
   }
-  c10::Storage fresh = adopt_host_storage(cpu_tensor.storage());
-  if (!fresh || fresh.device().index() != device_) return nullptr;
+  c10::Storage fresh = adopt_host_storage(cpu_tensor.storage(), device_);
+  if (!fresh) return nullptr;
   return &adopted_.emplace_back(key, std::move(fresh)).second;
 }
 

@@ -324,10 +324,12 @@ class HostAllocationsOnDevice {
 // host kernel's launch, its CPU tensors are device memory the launch already prepared.
 c10::DeviceIndex host_allocations_device();
 
-// Moves the memory of a CPU storage allocated under HostAllocationsOnDevice into a
-// new neuron storage (the CPU storage is left empty); an undefined Storage when the
-// memory came from anywhere else.
-c10::Storage adopt_host_storage(const c10::Storage& host_storage);
+// The neuron storage of a CPU storage allocated under HostAllocationsOnDevice over memory
+// of `device`: a new one that owns the memory, while the CPU storage keeps viewing it
+// (holding the neuron storage, so that CPU tensors still over it stay valid); the same
+// one again for a CPU storage adopted before. An undefined Storage, with nothing
+// changed, for memory of another core or memory the host allocated.
+c10::Storage adopt_host_storage(const c10::Storage& host_storage, c10::DeviceIndex device);
 // The same without a new storage: a CPU storage only its tensor holds, over device memory
 // of `device`, becomes that memory's neuron storage itself (its DataPtr and allocator are
 // the device's from then on). False, and nothing changed, where it cannot.
