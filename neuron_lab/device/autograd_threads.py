@@ -47,20 +47,17 @@ def drain_device_threads() -> None:
     ends the thread with ``pthread_exit``, and the unwinding through a ``noexcept``
     destructor aborts the process ("terminate called without an active exception",
     about 1 exit in 12 of four threads training). Running one more pass on each device
-    thread, from the engine directly (no stash, so nothing of Python to drop), waits
-    until every earlier pass is dropped: the engine's thread takes a task only after it
-    has let go of the one before. Called at exit, before finalization starts."""
+    thread waits until every earlier pass is dropped (the engine's thread takes a task only
+    after it has let go of the one before); that pass is made in C++, with no Python
+    object for the device thread to let go of in turn. Called at exit, before
+    finalization starts."""
     import torch
 
     if not torch.neuron.is_initialized() or not _autograd_device_threads_started():
         return  # starting them now, while Python finalizes, would itself abort
-    engine = torch.autograd.Variable._execution_engine
-    with torch.autograd.set_multithreading_enabled(True):
-        for index in range(torch.neuron.device_count()):
-            leaf = torch.zeros((), device=f"neuron:{index}", requires_grad=True)
-            output = leaf * 1.0
-            engine.run_backward((output,), (torch.ones((), device=f"neuron:{index}"),), False, False, (leaf,),
-                                False, False)
+    from neuron_lab.device import _C
+
+    _C.drain_autograd_device_threads()
 
 
 def _autograd_device_threads_started() -> bool:

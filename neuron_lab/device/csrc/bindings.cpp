@@ -5,8 +5,12 @@
 #include "python_submodules.h"
 #include "runtime.h"
 
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/AutogradState.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/Generator.h>
 
 namespace py = pybind11;
@@ -34,6 +38,27 @@ bool add_python_submodule(const char* name, const char* doc, SubmoduleBinder bin
 }  // namespace neuron
 
 namespace {
+
+// One backward pass on autograd's device thread of each core (neuron_lab.device.
+// autograd_threads.drain_device_threads): made in C++, so that nothing it holds has a
+// Python object the device thread would have to let go of after the caller returned.
+void drain_autograd_device_threads() {
+  auto& autograd = c10::AutogradState::get_tls_state();
+  const bool previous = autograd.get_multithreading_enabled();
+  autograd.set_multithreading_enabled(true);  // on the device thread, not this one
+  try {
+    for (c10::DeviceIndex d = 0; d < neuron::device_count(); ++d) {
+      at::AutoGradMode grad(true);
+      auto leaf = at::zeros({}, at::TensorOptions().device(c10::Device(neuron::kNeuron, d))).requires_grad_(true);
+      auto output = leaf * 1.0;
+      torch::autograd::backward({output}, {at::ones_like(output)});
+    }
+  } catch (...) {
+    autograd.set_multithreading_enabled(previous);
+    throw;
+  }
+  autograd.set_multithreading_enabled(previous);
+}
 
 // The Python stack of the calling thread, innermost frame first (as CUDA's
 // snapshots list them). Takes the GIL; the allocator calls it outside its locks.
@@ -203,6 +228,8 @@ PYBIND11_MODULE(_C, m) {
         return snapshot_to_dict(snap);
       },
       "The allocator's segments, blocks and history, as torch.cuda.memory._snapshot() returns them.");
+  m.def("drain_autograd_device_threads", &drain_autograd_device_threads, py::call_guard<py::gil_scoped_release>(),
+        "Runs one backward pass, made in C++, on autograd's device thread of each core.");
   m.def("counters", []() {
     auto& c = neuron::op_counters();
     py::dict d;
