@@ -632,7 +632,12 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 // Leaked on purpose: tensors may still be freed while the process exits.
 NeuronAllocator* g_allocator = new NeuronAllocator();
 
-void NeuronAllocator::release_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
+void NeuronAllocator::release_context(void* context) {
+  // A forked child's copy of the allocator is not its own (its locks may be held for ever,
+  // its memory is the parent's): a tensor it drops is left as it is.
+  if (in_bad_fork()) return;
+  g_allocator->release(static_cast<Block*>(context));
+}
 
 // ---- host allocations that take device memory ----------------------------------------
 //
