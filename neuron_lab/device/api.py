@@ -68,7 +68,7 @@ __all__ = [
     "memory", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "memory_cached", "max_memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
     "reset_accumulated_memory_stats", "memory_stats", "memory_summary", "mem_get_info", "empty_cache",
-    "get_amp_supported_dtype",
+    "get_amp_supported_dtype", "ipc_collect",
 ]
 
 
@@ -109,3 +109,10 @@ def _lazy_init() -> None:
 
     _C.check_not_forked()
     first_use()
+
+
+def ipc_collect() -> None:
+    """Frees shared memory no other process references any more (as ``torch.cuda.ipc_collect``)."""
+    from neuron_lab.device.sharing import ipc_collect as collect
+
+    collect()

@@ -5,6 +5,7 @@
 //   allocator.cpp  caching allocator with per-core capacity, statistics and OOM
 //   segment_memory.cpp  the allocator's segments: pages of one memory file per core, which
 //                  other processes can map (segment_memory.h)
+//   ipc.cpp        neuron storages shared with other processes (torch.multiprocessing)
 //   generator.cpp  per-core random number generators
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)

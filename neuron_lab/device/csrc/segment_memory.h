@@ -1,4 +1,5 @@
-// Device memory that other processes can map (segment_memory.cpp).
+// Device memory that other processes can map (segment_memory.cpp), and the memory this
+// process mapped from others (ipc.cpp).
 //
 // The allocator's segments are pages of one memory file per core (memfd, mapped
 // MAP_SHARED), so any block of device memory is a range of a file: another process that
@@ -34,5 +35,9 @@ struct MemoryLocation {
 };
 // The segment of this process's device memory that holds `ptr`; false if none does.
 bool find_segment(const void* ptr, MemoryLocation* location);
+
+// Whether a DataPtr is memory another process shared with this one (ipc.cpp): device
+// memory this process's allocator does not own or count.
+bool is_opened_ipc_memory(const c10::DataPtr& data_ptr);
 
 }  // namespace neuron
