@@ -68,7 +68,7 @@ __all__ = [
     "memory", "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
     "memory_cached", "max_memory_cached", "reset_peak_memory_stats", "reset_max_memory_allocated",
     "reset_accumulated_memory_stats", "memory_stats", "memory_summary", "mem_get_info", "empty_cache",
-    "get_amp_supported_dtype",
+    "get_amp_supported_dtype", "ipc_collect",
 ]
 
 
@@ -93,13 +93,26 @@ def get_amp_supported_dtype() -> list:
 
 
 def _is_in_bad_fork() -> bool:
-    # torch.manual_seed consults this before seeding custom devices.
-    return False
+    """Whether this process was forked after its parent started the device, which it then
+    cannot use (torch.manual_seed consults this before seeding custom devices)."""
+    from neuron_lab.device import _C
+
+    return _C.in_bad_fork()
 
 
 def _lazy_init() -> None:
     """PyTorch calls this when the first neuron tensor is made (as ``torch.cuda._lazy_init``):
-    what was registered with ``registration.on_first_use`` starts now."""
+    what was registered with ``registration.on_first_use`` starts now. In a child forked
+    after the device started, torch calls it again, and it raises the device's error."""
+    from neuron_lab.device import _C
     from neuron_lab.device.registration import first_use
 
+    _C.check_not_forked()
     first_use()
+
+
+def ipc_collect() -> None:
+    """Frees shared memory no other process references any more (as ``torch.cuda.ipc_collect``)."""
+    from neuron_lab.device.sharing import ipc_collect as collect
+
+    collect()

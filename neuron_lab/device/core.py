@@ -57,10 +57,11 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """Whether the device runtime has been set up (it is, once ``torch.neuron`` exists)."""
+    """Whether the device runtime has been set up (it is, once ``torch.neuron`` exists), and
+    not in a child forked after it started (as ``torch.cuda.is_initialized``)."""
     from neuron_lab.device.registration import is_registered
 
-    return is_registered()
+    return is_registered() and not _C.in_bad_fork()
 
 
 def device_count() -> int:
@@ -144,6 +145,9 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
 
 def synchronize(device: Any = None) -> None:
     """Waits until every stream of a core has finished its work."""
+    # torch.accelerator.synchronize does nothing in a child forked after the device started;
+    # torch.neuron.synchronize raises there, as torch.cuda.synchronize does.
+    _C.check_not_forked()
     torch.accelerator.synchronize(device_index(device))
 
 

@@ -21,6 +21,7 @@
 // field for field, so torch.accelerator.memory.* and torch.neuron.memory_stats()
 // read them unchanged.
 #include "runtime.h"
+#include "segment_memory.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -50,7 +51,6 @@ constexpr size_t kSmallSegment = size_t(2) << 20;   // segment of the small pool
 constexpr size_t kMediumRequest = size_t(10) << 20;  // large requests below this share a segment
 constexpr size_t kMediumSegment = size_t(20) << 20;  // of this size
 constexpr size_t kLargeRounding = size_t(2) << 20;   // larger ones get their own, rounded to this
-constexpr size_t kAlignment = 64;
 
 struct Block;
 
@@ -485,7 +485,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     size_t bytes = segment_size(size);
     if (!fits(bytes) && release_cached(core) > 0) s.num_alloc_retries += 1;
     if (!fits(bytes)) bytes = size;  // a segment just as large as the request may still fit
-    void* ptr = fits(bytes) ? std::aligned_alloc(kAlignment, bytes) : nullptr;
+    void* ptr = fits(bytes) ? allocate_segment(device, bytes) : nullptr;  // shareable pages (segment_memory.h)
     if (ptr == nullptr) {
       s.num_ooms += 1;
       log(core, "oom", nullptr, static_cast<int64_t>(size), stream, frames);
@@ -532,7 +532,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
       core.remove_free(whole);
       core.drop_block(whole);
       log(core, "segment_free", segment->ptr, static_cast<int64_t>(segment->size), segment->stream);
-      std::free(segment->ptr);
+      release_segment(segment->ptr);
       s.num_device_free += 1;
       for_stat(s.segment, small, [](auto& st) { st.decrease(1); });
       for_stat(s.reserved_bytes, small, [&](auto& st) { st.decrease(static_cast<int64_t>(segment->size)); });
@@ -659,8 +659,13 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 // Leaked on purpose: tensors may still be freed while the process exits.
 NeuronAllocator* g_allocator = new NeuronAllocator();
 
-void NeuronAllocator::release_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
-void NeuronAllocator::release_pending_context(void* context) { g_allocator->release(static_cast<Block*>(context)); }
+void NeuronAllocator::release_context(void* context) {
+  // A forked child's copy of the allocator is not its own (its locks may be held for ever,
+  // its memory is the parent's): a tensor it drops is left as it is.
+  if (in_bad_fork()) return;
+  g_allocator->release(static_cast<Block*>(context));
+}
+void NeuronAllocator::release_pending_context(void* context) { release_context(context); }
 
 // ---- host allocations that take device memory ----------------------------------------
 //

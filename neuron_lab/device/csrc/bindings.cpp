@@ -174,6 +174,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("device"),
       "Starts the device thread of a core's default stream now (the device's first use) rather "
       "than at its first launch.");
+  m.def("in_bad_fork", &neuron::in_bad_fork,
+        "Whether this process was forked after its parent started the device (which it then cannot use).");
+  m.def("check_not_forked", &neuron::check_not_forked,
+        "Raises the device's error in a process forked after its parent started the device.");
   m.def("core_capacity", &neuron::core_capacity, "Memory capacity of one core, in bytes.");
   m.def("current_device", []() { return static_cast<int>(neuron::current_device()); });
   m.def("set_device", [](int index) { neuron::set_device(static_cast<c10::DeviceIndex>(index)); });

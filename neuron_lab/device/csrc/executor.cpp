@@ -12,6 +12,7 @@
 #include <Python.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/utils/device_lazy_init.h>
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -336,8 +337,14 @@ class ActAsDeviceThread {
   HostAllocationsOnDevice host_allocations_;
 };
 
+// In a child forked after the device started, the device is unusable: its threads are
+// gone, its locks may be held for ever, and its memory file is the parent's. Every entry
+// point that touches device memory or device state raises (check_not_forked); torch's
+// factories ask torch.neuron._lazy_init() again, which raises too.
 void on_fork_child() {
-  if (g_threads_started.load()) g_bad_fork = true;
+  if (!g_threads_started.load()) return;
+  g_bad_fork = true;
+  torch::utils::set_requires_device_init(kNeuron, true);
 }
 
 void install_fork_handler() {
@@ -350,11 +357,19 @@ void install_fork_handler() {
 bool in_bad_fork() { return g_bad_fork.load(); }
 
 void check_not_forked() {
-  TORCH_CHECK(!g_bad_fork.load(std::memory_order_relaxed),
-              "neuron: cannot use the neuron device in a process forked after the parent used it: "
-              "its runtime threads do not survive fork(). Use the 'spawn' start method, e.g. "
-              "torch.multiprocessing.set_start_method('spawn') or "
-              "DataLoader(..., multiprocessing_context='spawn').");
+  if (C10_LIKELY(!g_bad_fork.load(std::memory_order_relaxed))) return;
+  TORCH_CHECK(false,
+              "neuron: cannot use the neuron device in a process forked after the parent used it (its "
+              "runtime threads do not survive fork(), and its memory is the parent's). Start the process "
+              "with the 'spawn' or 'forkserver' start method: torch.multiprocessing.set_start_method('spawn'), "
+              "torch.multiprocessing.get_context('forkserver'), or DataLoader(..., "
+              "multiprocessing_context='spawn'); or keep a DataLoader worker's data on the CPU and move "
+              "each batch to neuron in the main process.");
+}
+
+void note_device_started() {
+  install_fork_handler();
+  g_threads_started = true;
 }
 
 bool on_device_thread() { return tl_on_device_thread; }
@@ -387,6 +402,7 @@ SingleThreadedKernels::~SingleThreadedKernels() {
 }
 
 c10::Stream default_stream(c10::DeviceIndex index) {
+  check_not_forked();
   index = resolve_device(index);
   auto& reg = registry(index);
   std::lock_guard<std::mutex> lock(reg.mutex);
@@ -395,11 +411,13 @@ c10::Stream default_stream(c10::DeviceIndex index) {
 }
 
 c10::Stream current_stream(c10::DeviceIndex index) {
+  check_not_forked();  // every allocation and every op asks for its stream
   index = resolve_device(index);
   return make_stream(index, tl_stream[index]);
 }
 
 c10::Stream new_stream(c10::DeviceIndex index, int /*priority*/) {
+  check_not_forked();
   index = resolve_device(index);
   auto& reg = registry(index);
   std::lock_guard<std::mutex> lock(reg.mutex);
@@ -421,8 +439,11 @@ StreamState& stream_state_slow(c10::Stream stream) {
 }  // namespace
 
 StreamState& stream_state(c10::Stream stream) {
-  // Every op asks for its stream's state: the last one found is kept per thread (states
-  // live as long as the process, at stable addresses), saving the registry's lock.
+  // Every launch, wait, event and op run at once asks for its stream's state: in a forked
+  // child, it raises here.
+  check_not_forked();
+  // The last one found is kept per thread (states live as long as the process, at stable
+  // addresses), saving the registry's lock.
   thread_local StreamState* last = nullptr;
   if (last != nullptr && last->id == stream.id() && last->device == stream.device_index() &&
       stream.device_type() == kNeuron) {

@@ -70,7 +70,9 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   void init() const override {}
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
-  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return true; }
+  // A child forked after the device started has none (the autograd engine then leaves the
+  // device's streams alone in a CPU-only backward).
+  bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return !in_bad_fork(); }
   c10::DeviceIndex deviceCount() const override { return device_count(); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_device(device); }
   c10::DeviceIndex getCurrentDevice() const override { return current_device(); }

@@ -5,6 +5,7 @@
 #include "runtime.h"
 #include "dense_layout.h"
 #include "interceptor.h"
+#include "segment_memory.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>
@@ -322,6 +323,13 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 void record_stream(at::Tensor& self, c10::Stream stream) {
+  if (is_opened_ipc_memory(self.storage().data_ptr())) {
+    // Memory another process shared: not this allocator's to hold back (CUDA's ignores it too).
+    TORCH_CHECK(stream.device() == self.device(), "record_stream: the tensor is on ", self.device(),
+                " but the stream is on ", stream.device());
+    stream_state(stream);
+    return;
+  }
   allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 

@@ -3,6 +3,9 @@
 // One concern per file:
 //   device.cpp     configuration, current device, streams, events, device guard
 //   allocator.cpp  caching allocator with per-core capacity, statistics and OOM
+//   segment_memory.cpp  the allocator's segments: pages of one memory file per core, which
+//                  other processes can map (segment_memory.h)
+//   ipc.cpp        neuron storages shared with other processes (torch.multiprocessing)
 //   generator.cpp  per-core random number generators
 //   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
 //   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
@@ -168,9 +171,14 @@ bool on_device_thread();
 // an op or finishes a wait drops it (release_finished_work), so memory statistics read
 // after a wait count its frees.
 void release_finished_work();
-// Raises a clear error in a child process forked after the runtime started.
+// Raises a clear error in a child process forked after the runtime started (its threads
+// or its memory existed at the fork): every entry point that touches device memory or
+// device state calls it (streams, launches, allocations, sharing).
 void check_not_forked();
 bool in_bad_fork();
+// The runtime started (device threads, device memory): a child forked from now on
+// cannot use the device.
+void note_device_started();
 
 // A launch that runs inline on the calling thread (native kernels that need the
 // data now): every pending launch of the device finishes first, then the inline
