@@ -5,6 +5,7 @@
 #include "python_submodules.h"
 #include "runtime.h"
 
+#include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/AutogradState.h>
@@ -50,8 +51,9 @@ void drain_autograd_device_threads() {
     for (c10::DeviceIndex d = 0; d < neuron::device_count(); ++d) {
       at::AutoGradMode grad(true);
       auto leaf = at::zeros({}, at::TensorOptions().device(c10::Device(neuron::kNeuron, d))).requires_grad_(true);
-      auto output = leaf * 1.0;
-      torch::autograd::backward({output}, {at::ones_like(output)});
+      auto output = leaf.mul(1.0);
+      torch::autograd::backward(torch::autograd::variable_list{output},
+                                torch::autograd::variable_list{at::ones_like(output)});
     }
   } catch (...) {
     autograd.set_multithreading_enabled(previous);
