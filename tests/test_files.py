@@ -131,3 +131,90 @@ def test_compiled_code_never_uses_inductors_shared_tmp_cache(tmp_path):
     written = {p.parent.name for p in private.rglob("*.py")}
     assert len(written) >= 2, sorted(private.rglob("*"))  # the inline graph's code and the worker's
     assert sorted(str(p.relative_to(planted)) for p in planted.rglob("*")) == ["planted"], list(planted.rglob("*"))
+
+
+# ---- exports never write through a link -----------------------------------------------------
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """A file someone wants overwritten, and a link to it planted where an export goes."""
+    target = tmp_path / "precious"
+    target.write_text("precious content")
+    return target
+
+
+def _plant(link, target) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target)
+
+
+def _assert_untouched(link, target) -> None:
+    assert target.read_text() == "precious content"
+    assert link.is_symlink()
+    assert not [p for p in link.parent.iterdir() if p.name.endswith(".partial")], list(link.parent.iterdir())
+
+
+@pytest.fixture
+def profile():
+    with neuron_lab.profiler.profile() as prof:
+        (torch.randn(16, device="neuron") * 2).sum().item()
+    return prof
+
+
+@pytest.mark.parametrize("kind", ["chrome_trace", "csv", "csv_ops", "parquet", "parquet_ops"])
+def test_profile_exports_refuse_a_planted_link(kind, profile, tmp_path, victim):
+    if kind.startswith("parquet"):
+        pytest.importorskip("pyarrow")
+    suffix = {"chrome_trace": ".json", "csv": ".csv", "parquet": ".parquet"}[kind.split("_ops")[0]]
+    path = tmp_path / "out" / f"run{suffix}"
+    link = path.with_name(f"run_ops{suffix}") if kind.endswith("_ops") else path
+    _plant(link, victim)
+    export = {"chrome_trace": profile.export_chrome_trace, "csv": profile.export_csv,
+              "parquet": profile.export_parquet}[kind.split("_ops")[0]]
+    with pytest.raises(FileExistsError, match=r"is a symbolic link .*precious.*Remove the link"):
+        export(path)
+    _assert_untouched(link, victim)
+
+
+def test_memory_snapshot_refuses_a_planted_link(tmp_path, victim):
+    link = tmp_path / "snapshot.pickle"
+    _plant(link, victim)
+    with pytest.raises(FileExistsError, match=r"memory snapshot .* is a symbolic link"):
+        torch.neuron.memory._dump_snapshot(str(link))
+    _assert_untouched(link, victim)
+
+
+def test_exports_replace_a_regular_file_and_leave_nothing_beside_it(profile, tmp_path):
+    path = tmp_path / "trace.json"
+    path.write_text("old")
+    profile.export_chrome_trace(path)
+    assert path.read_text().startswith("{") and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+    assert _mode(path) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_failed_export_keeps_the_old_file(tmp_path):
+    path = tmp_path / "table.csv"
+    path.write_text("old")
+    with pytest.raises(RuntimeError, match="half way"):
+        with files.replace_file(path, "CSV table") as f:
+            f.write("new, partial")
+            raise RuntimeError("half way")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["table.csv"]
+
+
+def test_a_link_planted_after_the_check_is_replaced_not_followed(tmp_path, victim):
+    """The rename replaces whatever is at the path when the data is complete: a link
+    planted while the export was being written is replaced, its target untouched."""
+    path = tmp_path / "trace.json"
+    with files.replace_file(path, "Chrome trace") as f:
+        _plant(path, victim)
+        f.write("{}")
+    assert not path.is_symlink() and path.read_text() == "{}"
+    assert victim.read_text() == "precious content"
