@@ -110,8 +110,9 @@ class CompileWorker:
         parent_end, child_end = Pipe(duplex=True)
         env = dict(os.environ)
         # The same neuron_lab and torch as this process, however this process found them.
-        roots = [str(Path(neuron_lab.__file__).resolve().parent.parent), str(Path(torch.__file__).resolve().parent.parent)]
-        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        roots = [str(Path(module.__file__).resolve().parent.parent) for module in (neuron_lab, torch)]
+        inherited = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + inherited))
         env["TORCHINDUCTOR_CACHE_DIR"] = str(self._inductor_cache_dir())
         # Inductor keeps precompiled C++ headers in its *default* directory whatever the
         # variable says (/tmp/torchinductor_<user>, from the temporary directory): the
@@ -122,7 +123,8 @@ class CompileWorker:
         log = files.open_private_log(self._log_path(), append=self.starts > 0)  # keeps a dead worker's last words
         try:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "neuron_lab.adaptive_eager.compile_worker", str(child_end.fileno())],
+                [sys.executable, "-m", "neuron_lab.adaptive_eager.compile_worker", str(child_end.fileno()),
+                 str(os.getpid())],
                 pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True,  # Ctrl-C in a terminal interrupts the user's program, not a compile
             )
@@ -184,15 +186,26 @@ class CompileWorker:
             path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Ends the worker (at exit): closing the socket ends its loop; a compile under
-        way is cut short."""
-        conn, process = self._conn, self._process
-        self._conn, self._process = None, None
-        if conn is not None:
-            conn.close()
+        """Ends the worker (at exit). Idle, its socket is closed, which ends its loop; in
+        the middle of a compile it is killed, and the thread waiting for it gets the
+        failure (and closes the socket itself)."""
+        if self._lock.acquire(timeout=0.1):
+            try:
+                self._discard()
+            finally:
+                self._lock.release()
+            return
+        process = self._process
         if process is not None and process.poll() is None:
             process.kill()
-            process.wait()
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: the worker and its socket are the parent's; drop this copy of
+        the socket, touch nothing else, and start a worker of its own if it ever needs one."""
+        self._lock = threading.Lock()  # a compile thread's hold did not survive the fork
+        conn, self._conn, self._process, self.starts = self._conn, None, None, 0
+        if conn is not None:
+            conn.close()  # the child's copy of the descriptor only
 
 
 # ---- the worker process -------------------------------------------------------------------
@@ -228,9 +241,25 @@ def _compile(description: Any, path: str) -> None:
     artifact.save(path=path, format="binary")
 
 
+def _die_with_the_parent(parent_pid: int) -> None:
+    """On Linux the kernel kills the worker when the parent's thread that started it (the
+    compiler thread, which lives as long as the parent) ends: a killed parent does not
+    leave a compile running on. Elsewhere the worker ends at its next read of the socket."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before that took effect
+        os._exit(0)
+
+
 def main(argv: list[str]) -> int:
-    """The worker's loop: a graph in, ("ok", "") or ("error", message) out, until EOF."""
+    """The worker's loop: a graph in, ("ok", "") or ("error", message) out, until EOF.
+    ``argv``: the socket's descriptor and the parent's process id."""
     conn = Connection(int(argv[0]))
+    _die_with_the_parent(int(argv[1]))
     try:
         os.nice(WORKER_NICENESS)
     except OSError:

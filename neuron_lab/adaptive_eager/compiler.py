@@ -17,6 +17,7 @@ replayed, and counted.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -112,6 +113,16 @@ def _compile_forever() -> None:
 _thread: Optional[threading.Thread] = None
 _thread_lock = threading.Lock()
 _compile_worker: Optional["CompileWorker"] = None
+
+
+def _after_fork_in_child() -> None:
+    global _thread, _thread_lock
+    _thread, _thread_lock = None, threading.Lock()  # threads do not survive a fork
+    if _compile_worker is not None:
+        _compile_worker.forget_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def compile_worker_pid() -> Optional[int]:
