@@ -74,6 +74,23 @@ def test_a_readable_cache_directory_of_ours_is_refused(cache_env):
         files.cache_dir()
 
 
+def test_an_unsafe_cache_never_breaks_import_torch(tmp_path):
+    """NEURON_LAB_COMPILE=1 with a cache directory others may write: ``import torch`` and
+    the device work, the compiled tier stays off, and a warning says why."""
+    from conftest import run_python
+
+    hostile = tmp_path / "cache"
+    _hostile(hostile)
+    result = run_python("""
+    import torch
+    import neuron_lab
+    print((torch.ones(2, device="neuron") + 1).cpu().tolist(), neuron_lab.adaptive_eager.policy()["compile"])
+    """, env={files.CACHE_DIR_ENV: str(hostile), "NEURON_LAB_COMPILE": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "[2.0, 2.0] False" in result.stdout, result.stdout
+    assert "the compiled tier stays off" in result.stderr and str(hostile) in result.stderr, result.stderr
+
+
 def test_inductor_moves_to_the_private_cache_unless_the_user_chose_a_safe_directory(cache_env, monkeypatch):
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
