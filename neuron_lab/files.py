@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Iterator, Union
 
 __all__ = ["CACHE_DIR_ENV", "INDUCTOR_PATCHES", "UnsafeDirectoryError", "cache_dir", "cache_subdir",
-           "inductor_cache_dir", "use_private_inductor_cache", "replace_file", "open_private_log"]
+           "inductor_cache_dir", "use_private_inductor_cache", "replace_file", "refuse_link", "open_private_log"]
 
 CACHE_DIR_ENV = "NEURON_LAB_CACHE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -152,7 +152,9 @@ def open_private_log(path: PathLike, append: bool = False) -> IO[bytes]:
     return os.fdopen(fd, "wb")
 
 
-def _refuse_link(path: Path, what: str) -> None:
+def refuse_link(path: PathLike, what: str) -> None:
+    """Raises if ``path`` is a symbolic link or a directory (``what`` names the export)."""
+    path = Path(path)
     if path.is_symlink():
         raise FileExistsError(
             errno.EEXIST,
@@ -174,7 +176,7 @@ def replace_file(path: PathLike, what: str, binary: bool = False) -> Iterator[IO
     in the error), and one planted meanwhile is replaced, never written through. On an
     error the new file is removed and ``path`` keeps its old content."""
     path = Path(path)
-    _refuse_link(path, what)
+    refuse_link(path, what)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
         temporary = path.with_name(f".{path.name}.{secrets.token_hex(6)}.partial")

@@ -192,6 +192,7 @@ def test_profile_exports_refuse_a_planted_link(kind, profile, tmp_path, victim):
     with pytest.raises(FileExistsError, match=r"is a symbolic link .*precious.*Remove the link"):
         export(path)
     _assert_untouched(link, victim)
+    assert sorted(p.name for p in path.parent.iterdir()) == [link.name]  # the pair: neither file written
 
 
 def test_memory_snapshot_refuses_a_planted_link(tmp_path, victim):

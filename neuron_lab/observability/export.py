@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
-from neuron_lab.files import replace_file
+from neuron_lab.files import refuse_link, replace_file
 from neuron_lab.observability.records import format_source
 
 if TYPE_CHECKING:
@@ -184,6 +184,8 @@ def _paths(path: PathLike, suffix: str) -> tuple[Path, Path]:
 def write_csv(profile: "Profile", path: PathLike) -> tuple[Path, Path]:
     """Writes the launch table to ``path`` and the op table next to it (``*_ops.csv``)."""
     launches_path, ops_path = _paths(path, ".csv")
+    for p in (launches_path, ops_path):  # both checked before either is written
+        refuse_link(p, "CSV table")
     for p, columns, rows in ((launches_path, LAUNCH_COLUMNS, launch_table(profile)),
                              (ops_path, OP_COLUMNS, op_table(profile))):
         with replace_file(p, "CSV table") as f:
@@ -204,6 +206,8 @@ def write_parquet(profile: "Profile", path: PathLike) -> tuple[Path, Path]:
             "`pip install 'neuron_lab[parquet]'` (or `pip install pyarrow`), or use export_csv() instead."
         ) from e
     launches_path, ops_path = _paths(path, ".parquet")
+    for p in (launches_path, ops_path):
+        refuse_link(p, "Parquet table")
     for p, columns, rows in ((launches_path, LAUNCH_COLUMNS, launch_table(profile)),
                              (ops_path, OP_COLUMNS, op_table(profile))):
         table = pa.Table.from_pylist(rows) if rows else pa.table({c: [] for c in columns})
