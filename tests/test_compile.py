@@ -192,26 +192,6 @@ def test_profiler_and_counters_see_compiled_inline_launches():
     assert any(r.name.startswith("compiled forward graph") for r in prof.table().launch_rows)
 
 
-def test_compiled_functions_run_while_the_background_compiler_traces():
-    """FX's 'symbolic tracing' flag is process-wide: a background compile of adaptive
-    eager must not make compiled functions on the user's thread refuse to run."""
-    import torch.fx._symbolic_trace as symbolic_trace
-
-    from neuron_lab.adaptive_eager import compiler
-
-    f = torch.compile(lambda x: x * 2 + 1, backend="neuron")
-    x = torch.ones(3, device="neuron")
-    assert f(x).cpu().tolist() == [3.0, 3.0, 3.0]
-    previous = symbolic_trace._is_fx_tracing_flag
-    symbolic_trace._is_fx_tracing_flag = True  # as while the background compiler traces...
-    compiler._exclusive.compiling_thread = -1  # ...on another thread
-    try:
-        assert f(x).cpu().tolist() == [3.0, 3.0, 3.0]
-    finally:
-        compiler._exclusive.compiling_thread = None
-        symbolic_trace._is_fx_tracing_flag = previous
-
-
 def test_compiled_results_take_device_memory_without_copies():
     """Inductor's results are allocated in device memory and adopted, not copied;
     a result that views an input stays a view of the neuron input."""
@@ -319,73 +299,6 @@ def test_unknown_compile_options_and_modes_raise_clear_errors():
     torch._dynamo.reset()
     # Nothing was lost: the tensor and the backend still work.
     assert torch.compile(lambda t: t + 3, backend="neuron")(x).cpu().equal(x.cpu() + 3)
-
-
-def test_a_background_fx_trace_does_not_patch_module_calls_on_other_threads():
-    """FX patches torch.nn.Module.__call__ process-wide while it traces: when the
-    background compiler traces, a module called on the user's thread (a compiled
-    model's step) must still run PyTorch's own __call__, not the tracer's wrapper."""
-    import inspect
-    import threading
-
-    from neuron_lab.adaptive_eager import compiler
-
-    # A background compile happens only once the compiler is installed (its FX guards with it);
-    # without this the test depended on an earlier test having started the compiler.
-    compiler.install()
-    inside, release = threading.Event(), threading.Event()
-
-    def traced(x):
-        inside.set()
-        release.wait(30)
-        return x + 1
-
-    def background_compile() -> None:
-        with compiler._exclusive.lock:
-            compiler._exclusive.compiling_thread = threading.get_ident()
-            try:
-                torch.fx.symbolic_trace(traced)
-            finally:
-                compiler._exclusive.compiling_thread = None
-
-    seen = []
-
-    class Probe(nn.Module):
-        def forward(self, x):
-            seen.append([f.function for f in inspect.stack() if f.function == "module_call_wrapper"])
-            return x * 2
-
-    thread = threading.Thread(target=background_compile)
-    thread.start()
-    try:
-        assert inside.wait(30)
-        assert Probe()(torch.ones(2, device="neuron")).cpu().tolist() == [2.0, 2.0]
-        compiled = torch.compile(Probe().to("neuron"), backend="neuron")
-        release.set()
-        assert compiled(torch.ones(2, device="neuron")).cpu().tolist() == [2.0, 2.0]
-    finally:
-        release.set()
-        thread.join(30)
-    assert seen[0] == []  # PyTorch's Module.__call__, not FX's wrapper
-    assert torch.nn.Module.__call__ is torch.nn.modules.module.Module._wrapped_call_impl
-
-
-def test_background_compiles_stay_exclusive_with_dynamo_after_a_reset():
-    """torch._dynamo.reset() clears Dynamo's compile callbacks, possibly while a background
-    compile runs: the background compiler's lock must stay registered, or that compile
-    and the next torch.compile overlap (and AOTAutograd fails)."""
-    from torch._dynamo.callback import callback_handler
-
-    from neuron_lab.adaptive_eager import compiler
-
-    compiler._exclusive.register()
-    torch._dynamo.reset()
-    assert compiler._exclusive._start in callback_handler.start_callbacks
-    assert compiler._exclusive._end in callback_handler.end_callbacks
-    compiler._exclusive.register()  # what the background compiler does before each compile
-    torch._dynamo.reset()
-    assert callback_handler.start_callbacks.count(compiler._exclusive._start) == 1
-    assert callback_handler.end_callbacks.count(compiler._exclusive._end) == 1
 
 
 def test_inductor_cpp_wrapper_compiles_inline_graphs():

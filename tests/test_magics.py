@@ -404,6 +404,21 @@ def test_profile_bad_options_never_run_the_cell(ip: InteractiveShell, options: s
     assert "ran" not in ip.user_ns
 
 
+@pytest.mark.parametrize("option", ["--trace", "--parquet"])
+def test_profile_refuses_a_symbolic_link_as_its_output_before_running_the_cell(
+        ip: InteractiveShell, tmp_path, option: str) -> None:
+    """A link planted at the export path: refused up front, the cell not run, the link's
+    target as it was."""
+    target = tmp_path / "precious"
+    target.write_text("precious content")
+    link = tmp_path / "out.json"
+    link.symlink_to(target)
+    ip.user_ns.pop("ran", None)
+    cell = usage_error(ip, f"%%neuron_profile {option} {link}\nran = True")
+    assert "symbolic link" in str(cell.error) and str(target) in str(cell.error)
+    assert "ran" not in ip.user_ns and target.read_text() == "precious content" and link.is_symlink()
+
+
 def test_profile_of_an_empty_cell_is_a_usage_error(ip: InteractiveShell) -> None:
     usage_error(ip, "%%neuron_profile\n\n")
 

@@ -158,8 +158,13 @@ def apply_environment() -> None:
             raise ValueError(f"NEURON_LAB_MODE: {e}") from None
         set_mode(name)
     compile_env = os.environ.get("NEURON_LAB_COMPILE")
-    configure(
-        max_ops=_int_env("NEURON_LAB_MAX_GRAPH_OPS"),
-        compile_after=_int_env("NEURON_LAB_COMPILE_AFTER"),
-        compile=None if compile_env in (None, "") else compile_env not in ("0", "false", "no", "off"),
-    )
+    configure(max_ops=_int_env("NEURON_LAB_MAX_GRAPH_OPS"), compile_after=_int_env("NEURON_LAB_COMPILE_AFTER"))
+    if compile_env not in (None, ""):
+        from neuron_lab.files import UnsafeDirectoryError
+
+        try:
+            configure(compile=compile_env not in ("0", "false", "no", "off"))
+        except UnsafeDirectoryError as e:  # never a reason for `import torch` to fail
+            import warnings
+
+            warnings.warn(f"NEURON_LAB_COMPILE: the compiled tier stays off: {e}", RuntimeWarning, stacklevel=2)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx
 
-from neuron_lab import adaptive_eager
+from neuron_lab import adaptive_eager, files
 from neuron_lab.compile.flex_host import prepare_flex_attention_for_host
 from neuron_lab.device import host_kernels as _kernels
 from neuron_lab.device import trace
@@ -201,7 +201,7 @@ def _inductor_compile(gm: torch.fx.GraphModule, examples: list, config_patches: 
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
         fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in examples]
         with torch.no_grad():
-            return compile_fx(host_gm, fakes, config_patches=dict(config_patches))
+            return compile_fx(host_gm, fakes, config_patches={**files.INDUCTOR_PATCHES, **config_patches})
 
     return _pool.submit(work).result()
 

@@ -176,6 +176,9 @@ def _snapshot(device: Any = None) -> dict[str, Any]:
 
 
 def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
-    """Pickles ``_snapshot()`` to ``filename`` for pytorch.org/memory_viz."""
-    with open(filename, "wb") as f:
+    """Pickles ``_snapshot()`` to ``filename`` for pytorch.org/memory_viz (never through a
+    symbolic link at ``filename``: see ``neuron_lab.files.replace_file``)."""
+    from neuron_lab.files import replace_file
+
+    with replace_file(filename, "memory snapshot", binary=True) as f:
         pickle.dump(_snapshot(), f)

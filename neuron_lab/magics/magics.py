@@ -35,6 +35,9 @@ def _check_output_path(option: str, path: Optional[str]) -> Optional[str]:
     path = os.path.expanduser(path.strip())
     if not path or os.path.isdir(path):
         raise UsageError(f"{option} needs a file path, got {path!r}")
+    if os.path.islink(path):
+        raise UsageError(f"{option}: {path} is a symbolic link (to {os.readlink(path)}); neuron_lab does not write "
+                         "through links, which would overwrite their targets: remove it or choose another path")
     return path
 
 

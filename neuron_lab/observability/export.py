@@ -1,5 +1,8 @@
 """Profile exports: Chrome trace JSON (Perfetto, chrome://tracing) and tidy tables
-(CSV, Parquet) of launches and ops for pandas or automated analysis."""
+(CSV, Parquet) of launches and ops for pandas or automated analysis.
+
+Every file is written through ``neuron_lab.files.replace_file``: beside the target, then
+renamed over it, so a symbolic link planted at the path is refused, never written through."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
+from neuron_lab.files import refuse_link, replace_file
 from neuron_lab.observability.records import format_source
 
 if TYPE_CHECKING:
@@ -113,9 +117,10 @@ def chrome_trace(profile: "Profile") -> dict:
 
 
 def write_chrome_trace(profile: "Profile", path: PathLike) -> Path:
+    """Writes ``chrome_trace(profile)`` as JSON to ``path`` (folders created)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    with replace_file(path, "Chrome trace") as f:
         json.dump(chrome_trace(profile), f)
     return path
 
@@ -179,9 +184,11 @@ def _paths(path: PathLike, suffix: str) -> tuple[Path, Path]:
 def write_csv(profile: "Profile", path: PathLike) -> tuple[Path, Path]:
     """Writes the launch table to ``path`` and the op table next to it (``*_ops.csv``)."""
     launches_path, ops_path = _paths(path, ".csv")
+    for p in (launches_path, ops_path):  # both checked before either is written
+        refuse_link(p, "CSV table")
     for p, columns, rows in ((launches_path, LAUNCH_COLUMNS, launch_table(profile)),
                              (ops_path, OP_COLUMNS, op_table(profile))):
-        with open(p, "w", newline="") as f:
+        with replace_file(p, "CSV table") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(rows)
@@ -199,8 +206,11 @@ def write_parquet(profile: "Profile", path: PathLike) -> tuple[Path, Path]:
             "`pip install 'neuron_lab[parquet]'` (or `pip install pyarrow`), or use export_csv() instead."
         ) from e
     launches_path, ops_path = _paths(path, ".parquet")
+    for p in (launches_path, ops_path):
+        refuse_link(p, "Parquet table")
     for p, columns, rows in ((launches_path, LAUNCH_COLUMNS, launch_table(profile)),
                              (ops_path, OP_COLUMNS, op_table(profile))):
         table = pa.Table.from_pylist(rows) if rows else pa.table({c: [] for c in columns})
-        pq.write_table(table, p)
+        with replace_file(p, "Parquet table", binary=True) as f:
+            pq.write_table(table, f)
     return launches_path, ops_path
