@@ -74,10 +74,14 @@ def test_a_readable_cache_directory_of_ours_is_refused(cache_env):
         files.cache_dir()
 
 
-def test_an_unsafe_cache_never_breaks_import_torch(tmp_path):
+def test_an_unsafe_cache_never_breaks_import_torch(tmp_path, monkeypatch):
     """NEURON_LAB_COMPILE=1 with a cache directory others may write: ``import torch`` and
     the device work, the compiled tier stays off, and a warning says why."""
     from conftest import run_python
+
+    # An earlier compile in this process pointed Inductor at the private cache through the
+    # environment, which the child would inherit (and rightly keep).
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
 
     hostile = tmp_path / "cache"
     _hostile(hostile)
