@@ -37,9 +37,14 @@ CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csr
 # Hidden visibility (pybind11's advice for extension modules): the module exports only
 # PyInit__C, so calls inside it go straight to their function instead of through the PLT,
 # and functions of one file may be inlined into each other.
+# kineto's headers (torch ships them): torch.profiler's PrivateUse1 activity profiler
+# (neuron_lab/device/csrc/kineto_plugin.cpp) implements its interface.
+KINETO_INCLUDE = Path(torch.__file__).parent / "include" / "kineto"
+
 EXTENSION = CppExtension(
     name="neuron_lab.device._C",
     sources=sorted(str(p) for d in CSRC_DIRS for p in d.glob("*.cpp")),
+    include_dirs=[str(KINETO_INCLUDE)],
     extra_compile_args=["-O2", "-g0", "-Wno-unused-parameter", "-fvisibility=hidden", "-fno-semantic-interposition"],
 )
 

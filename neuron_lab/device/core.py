@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,11 +144,23 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     return props.major, props.minor
 
 
+# Modules whose torch.neuron.synchronize() is a profiler finishing its region (torch.profiler's
+# exit calls it): their waits are the profiler's own, never the user's (Event.by_profiler).
+_PROFILER_CALLERS = frozenset({"torch.autograd.profiler", "torch.profiler.profiler"})
+
+
 def synchronize(device: Any = None) -> None:
     """Waits until every stream of a core has finished its work."""
     # torch.accelerator.synchronize does nothing in a child forked after the device started;
     # torch.neuron.synchronize raises there, as torch.cuda.synchronize does.
     _C.check_not_forked()
+    if sys._getframe(1).f_globals.get("__name__") in _PROFILER_CALLERS:
+        _C.trace.enter_profiler_waits()
+        try:
+            torch.accelerator.synchronize(device_index(device))
+        finally:
+            _C.trace.exit_profiler_waits()
+        return
     torch.accelerator.synchronize(device_index(device))
 
 

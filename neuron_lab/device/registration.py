@@ -55,15 +55,22 @@ def is_registered() -> bool:
 
 
 def _library_prefixes() -> list[str]:
-    """Where library code lives (torch, neuron_lab, the standard library): the user's line
-    of an op, a launch or a wait is the first frame outside them."""
+    """Where library code lives (torch, neuron_lab, the standard library, and the notebook's
+    machinery: IPython, ipykernel): the user's line of an op, a launch or a wait is the first
+    frame outside them (never IPython's run_cell_magic)."""
+    import importlib.util
     import os
     import sysconfig
 
     import torch
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # neuron_lab/
-    return [os.path.dirname(torch.__file__) + os.sep, package + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+    prefixes = [os.path.dirname(torch.__file__) + os.sep, package + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+    for name in ("IPython", "ipykernel"):  # found without importing them
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            prefixes.append(os.path.dirname(spec.origin) + os.sep)
+    return prefixes
 
 
 def _check_torch_version() -> None:

@@ -10,7 +10,8 @@ runtime's clock (``time.monotonic_ns()``).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Callable, Iterator, Optional
 
 from neuron_lab.device import _C
 
@@ -20,11 +21,14 @@ __all__ = [
     "close_watermark",
     "device_counters",
     "events_since",
+    "last_torch_profile",
     "launch_times",
     "log_event",
     "now_ns",
     "open_watermark",
+    "profiler_waits",
     "reset_launch_times",
+    "set_profile_annotator",
     "start_profile",
     "stop_profile",
     "totals",
@@ -68,6 +72,31 @@ def stop_profile(handle: int) -> dict[str, Any]:
     return dict(_native.stop_profile(int(handle)))
 
 
+def last_torch_profile() -> dict[str, Any]:
+    """The launches and memory samples that torch.profiler's latest trace with
+    ``ProfilerActivity.PrivateUse1`` turned into its device lanes (``stop_profile``'s shape)."""
+    return dict(_native.last_torch_profile())
+
+
+def set_profile_annotator(annotator: Optional[Callable[[dict[str, Any]], dict[str, Any]]]) -> None:
+    """Registers what names source files and models op costs for torch.profiler's device lanes:
+    ``annotator(profile) -> {"files": {path: name}, "launches": {launch_id: (cost, [op cost, ...])}}``
+    with each cost ``(flops, bytes, modelled_ns)`` (-1: not modelled). None unregisters it."""
+    _native.set_profile_annotator(annotator)
+
+
+@contextlib.contextmanager
+def profiler_waits() -> Iterator[None]:
+    """Host waits on this thread inside the block are a profiler's own (finishing a region's
+    device work, reading its memory): logged with ``by_profiler`` set and kept out of the
+    ``wait_ns`` total, so that no explanation lists them as the user's."""
+    _native.enter_profiler_waits()
+    try:
+        yield
+    finally:
+        _native.exit_profiler_waits()
+
+
 def events_since(since_ns: int) -> list[dict[str, Any]]:
     """The event log (syncs, new graphs, recompiles, inline ops, compiles) since a time, as
     native dicts (``neuron_lab.observability.records.events_since`` turns them into ``Event``s)."""
@@ -83,7 +112,8 @@ def log_event(kind: str, what: str, detail: str, duration_ns: int = 0, graph_id:
 
 def totals() -> dict[str, Any]:
     """Running totals since start: ``device_busy_ns`` (a list, per core), ``record_ns`` (host time
-    spent recording ops), ``wait_ns`` (host time spent waiting for the device)."""
+    spent recording ops), ``wait_ns`` (host time spent waiting for the device, the profilers' own
+    waits apart), ``profiler_wait_ns`` (those)."""
     return dict(_native.totals())
 
 

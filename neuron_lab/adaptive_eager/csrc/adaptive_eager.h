@@ -294,7 +294,10 @@ struct Record {
   std::vector<at::Tensor> outputs;   // results made by the recorder (functional ops)
   int64_t written_bytes = 0;
   int64_t record_ns = 0;  // host time spent recording it
+  int64_t record_start_ns = 0;  // when recording began
   trace::Source source;
+  uint64_t correlation = 0;  // while profiling: the torch.profiler op that recorded it
+  int32_t host_tid = 0;      // while profiling: the recording thread
   bool random = false;       // draws from a generator
   bool has_host_tensor = false;  // a CPU tensor argument (not a wrapped number)
   bool in_torch_compile_graph = false;  // recorded while a torch.compile graph ran

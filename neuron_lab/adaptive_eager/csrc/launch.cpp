@@ -50,6 +50,66 @@ uint32_t cpp_refs(const T* target, bool& python_holds) {
   return n;
 }
 
+// An argument or result as the profiler's cost model reads it: a tensor's dtype and shape,
+// a number, a list of ints (never a tensor's values: they may not be computed yet).
+trace::OpValue op_value(const c10::IValue& v) {
+  using Kind = trace::OpValue::Kind;
+  trace::OpValue out;
+  if (v.isTensor()) {
+    const auto& t = v.toTensor();
+    if (!t.defined()) {
+      out.kind = Kind::None;
+    } else if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      out.kind = Kind::Double;  // a Python number (x * 3); its value does not change the cost
+    } else {
+      out.kind = Kind::Tensor;
+      out.dtype = static_cast<int8_t>(t.scalar_type());
+      out.ints.assign(t.sizes().begin(), t.sizes().end());
+    }
+  } else if (v.isTensorList()) {
+    out.kind = Kind::Tensors;
+    out.ints = {static_cast<int64_t>(v.toTensorList().size())};
+  } else if (v.isNone()) {
+    out.kind = Kind::None;
+  } else if (v.isInt()) {
+    out.kind = Kind::Int;
+    out.ints = {v.toInt()};
+  } else if (v.isDouble()) {
+    out.kind = Kind::Double;
+    out.number = v.toDouble();
+  } else if (v.isBool()) {
+    out.kind = Kind::Bool;
+    out.number = v.toBool() ? 1 : 0;
+  } else if (v.isIntList()) {
+    out.kind = Kind::Ints;
+    out.ints = v.toIntVector();
+  }
+  return out;
+}
+
+// A recorded op as the profiler keeps it.
+trace::OpRecord op_record(const Record& r) {
+  trace::OpRecord o;
+  const auto& name = r.op.schema().operator_name();
+  o.name = name.name;
+  o.overload = name.overload_name;
+  o.inputs = shapes_of(r);
+  o.source = r.source;
+  o.host_ns = r.record_ns;
+  o.record_start_ns = r.record_start_ns;
+  o.correlation = r.correlation;
+  o.host_tid = r.host_tid;
+  o.args.reserve(r.args.size());
+  for (const auto& a : r.args) o.args.push_back(op_value(a));
+  for (const auto& t : r.outputs) o.results.push_back(op_value(t));
+  if (r.outputs.empty()) {  // in-place and out= ops: what they write
+    for (size_t i = 0; i < r.args.size(); ++i) {
+      if (r.cls->write_arg[i]) o.results.push_back(op_value(r.args[i]));
+    }
+  }
+  return o;
+}
+
 }  // namespace
 
 
@@ -199,16 +259,8 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     rec.bytes_allocated = allocated_bytes;
     rec.source = first.source;
     rec.ops.reserve(l->records.size());
-    for (const auto& r : l->records) {
-      rec.ops.push_back({std::string(r.op.schema().operator_name().name), shapes_of(r), r.source,
-                         r.record_ns, -1});
-    }
+    for (const auto& r : l->records) rec.ops.push_back(op_record(r));
     work.record = l->record;
-  }
-  if (torch_profiler_active()) {
-    work.name = l->graph ? "neuron: graph " + std::to_string(l->graph->id) + " (" +
-                               std::to_string(l->records.size()) + " ops)"
-                         : "neuron: " + std::string(first.op.schema().operator_name().name);
   }
   work.run = [l] { l->execute(); };
   work.on_skip = [l] { l->skipped(); };

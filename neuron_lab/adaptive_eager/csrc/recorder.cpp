@@ -787,6 +787,11 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   b.graph_task = graph_task;
   b.bytes += r.written_bytes;
   r.record_ns = trace::now_ns() - timer.start;
+  r.record_start_ns = timer.start;
+  if (trace::profiling()) {
+    r.correlation = trace::correlation_id();
+    r.host_tid = trace::host_thread_id();
+  }
   b.records.push_back(std::move(r));
   g_buffered_records.fetch_add(1, std::memory_order_relaxed);
   const bool per_op = mode() == Mode::Eager || at::globalContext().deterministicAlgorithms();

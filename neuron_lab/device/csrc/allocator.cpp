@@ -437,7 +437,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (counted) {
       log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), stream, std::move(frames));
       count_allocated<1>(core, block);
-      trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+      trace::note_memory(device, s.allocated_bytes[0].current, s.reserved_bytes[0].current, block->ptr,
+                         static_cast<int64_t>(block->size));
     }
     return block;
   }
@@ -457,7 +458,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     block->counted = true;
     log(core, "alloc", block->ptr, static_cast<int64_t>(block->size), block->stream, block->frames);
     count_allocated<1>(core, block);
-    trace::note_memory(block->device, core.stats.allocated_bytes[0].current, core.stats.reserved_bytes[0].current);
+    trace::note_memory(block->device, core.stats.allocated_bytes[0].current, core.stats.reserved_bytes[0].current,
+                       block->ptr, static_cast<int64_t>(block->size));
   }
 
  private:
@@ -548,6 +550,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     std::lock_guard<std::mutex> lock(core.mutex);
     auto& s = core.stats;
     const auto bytes = static_cast<int64_t>(block->size);
+    const int64_t freed = block->counted ? bytes : 0;
+    void* const freed_ptr = block->ptr;  // merging below may move the block's start
     if (block->counted) {
       count_allocated<-1>(core, block);
       // Launches complete when issued, so a freed block is reusable at once.
@@ -563,7 +567,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     } else {
       free_into_tree(core, block);
     }
-    trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current);
+    trace::note_memory(block->device, s.allocated_bytes[0].current, s.reserved_bytes[0].current, freed_ptr, -freed);
   }
 
   // Merges the quick bins' blocks into the free-block tree, as release() merges any freed

@@ -152,7 +152,6 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     wait.skippable = false;
     wait.busy = false;
     wait.record = trace::new_launch("wait", "stream wait", stream.device_index(), stream.id());
-    if (torch_profiler_active()) wait.name = "neuron: stream wait";
     StreamState* source = ev->stream;
     const uint64_t seq = ev->seq;
     wait.run = [source, seq] { wait_for(*source, seq); };

@@ -8,10 +8,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
-#include <ATen/record_function.h>
 #include <Python.h>
 #include <c10/util/Exception.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 
 #include <cxxabi.h>
@@ -26,17 +24,6 @@
 #include <thread>
 
 namespace neuron {
-
-// What a device thread needs to report a launch to the torch.profiler that was
-// recording when the launch was enqueued.
-struct TorchProfilerContext {
-  std::shared_ptr<c10::ThreadLocalDebugInfo> debug_info;
-  at::RecordFunctionTLS callbacks;
-};
-
-bool torch_profiler_active() {
-  return at::hasCallbacks() && c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != nullptr;
-}
 
 struct StreamState {
   c10::DeviceIndex device = 0;
@@ -140,27 +127,6 @@ class GilRelease {
   PyThreadState* state_ = nullptr;
 };
 
-// Runs one launch, reported to torch.profiler as a range on this device thread
-// when it was enqueued while torch.profiler was recording.
-void run_work(Work& work) {
-  if (!work.torch_profiler) {
-    work.run();
-    return;
-  }
-  const auto saved = at::get_record_function_tls_();
-  c10::DebugInfoGuard debug_info(work.torch_profiler->debug_info);
-  at::set_record_function_tls_(work.torch_profiler->callbacks);
-  try {
-    at::RecordFunction range(at::RecordScope::USER_SCOPE);
-    if (range.isActive()) range.before(work.name);
-    work.run();
-  } catch (...) {
-    at::set_record_function_tls_(saved);
-    throw;
-  }
-  at::set_record_function_tls_(saved);
-}
-
 // Executes one launch popped from the stream's queue (s->running is set), then
 // counts it as done: on the stream's device thread, or on a host thread that
 // was about to wait for it anyway.
@@ -184,7 +150,7 @@ void execute(StreamState* s, Work& work, bool skip) {
   }
   if (!skip) {
     try {
-      run_work(work);
+      work.run();
     } catch (abi::__forced_unwind&) {
       throw;  // the thread is being cancelled (e.g. Python finalizing): let it end
     } catch (...) {
@@ -503,11 +469,6 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
   if (work.intra_op_threads == 0) work.intra_op_threads = at::get_num_threads();
-  if (!work.name.empty() && torch_profiler_active()) {
-    work.torch_profiler =
-        std::make_shared<TorchProfilerContext>(TorchProfilerContext{c10::ThreadLocalDebugInfo::current(),
-                                                                    at::get_record_function_tls_()});
-  }
   // Back-pressure: like a GPU's launch queue, a stream holds a bounded number
   // of launches; a host that runs too far ahead waits (without the GIL).
   if (!on_device_thread() && s.queued_ops.load() >= kMaxQueuedOps) {
@@ -567,7 +528,10 @@ HostRunsWhatItWaitsFor::~HostRunsWhatItWaitsFor() {
   }
 }
 
-void wait_for(StreamState& s, uint64_t seq) {
+namespace {
+// Waits (releasing the GIL) until the stream has executed launch `seq`; its error, if
+// any, stays on the stream.
+void wait_until_done(StreamState& s, uint64_t seq) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
@@ -601,6 +565,11 @@ void wait_for(StreamState& s, uint64_t seq) {
       }
     }
   }
+}
+}  // namespace
+
+void wait_for(StreamState& s, uint64_t seq) {
+  wait_until_done(s, seq);
   release_finished_work();  // what the launches waited for held: memory statistics read next count its frees
   std::exception_ptr error;
   {
@@ -639,6 +608,19 @@ void synchronize_device(c10::DeviceIndex index, Reason reason, std::string_view 
     }
   }
   if (first != nullptr) std::rethrow_exception(first);
+}
+
+void finish_all_work(Reason reason) {
+  trace::SyncScope scope(reason, {}, -1);
+  HostRunsWhatItWaitsFor host_runs;
+  for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
+    interceptor().flush_device(d, reason);
+    for (int64_t id = 0; id < num_streams(d); ++id) {
+      auto& s = stream_state(make_stream(d, static_cast<c10::StreamId>(id)));
+      wait_until_done(s, stream_enqueued(s));
+    }
+  }
+  release_finished_work();
 }
 
 void synchronize_all(Reason reason) {

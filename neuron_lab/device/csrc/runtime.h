@@ -101,9 +101,7 @@ struct Work {
   int64_t ops = 1;        // ops it runs: a stream holds a bounded number queued
   bool busy = true;       // counts as device busy time (false for markers and waits)
   trace::LaunchKind kind = trace::LaunchKind::Graph;  // graph or single op (for the metrics report)
-  trace::LaunchRecordPtr record;  // set while neuron_lab's profiler runs
-  std::string name;               // for torch.profiler: set while it runs (torch_profiler_active())
-  std::shared_ptr<struct TorchProfilerContext> torch_profiler;  // captured by enqueue
+  trace::LaunchRecordPtr record;  // set while a profiler runs (neuron_lab's, or torch.profiler's device lanes)
   int intra_op_threads = 0;  // the enqueuing thread's torch.get_num_threads(): kernels use as many
 };
 // While alive, kernels called on this thread use one thread: ATen's and MKL's
@@ -121,9 +119,6 @@ class SingleThreadedKernels {
   int previous_;          // OpenMP's
   int previous_mkl_ = 0;  // MKL's
 };
-// True while torch.profiler records on the calling thread: launches then show up
-// in its trace as user-annotated ranges on the device threads.
-bool torch_profiler_active();
 // Enqueues on a stream and returns the launch's sequence number.
 // inline_if_idle: a stream with nothing queued runs the work at once, on the
 // caller's thread (event markers: an idle stream's event is complete at once).
@@ -159,6 +154,9 @@ void wait_for(StreamState& s, uint64_t seq);
 void synchronize_stream(c10::Stream stream, Reason reason = Reason::Synchronize);
 void synchronize_device(c10::DeviceIndex index, Reason reason = Reason::Synchronize, std::string_view what = {});
 void synchronize_all(Reason reason);
+// Launches what every core has buffered and waits until every stream has run it, leaving
+// any error on its stream for the user's next wait (a profiler finishing its region).
+void finish_all_work(Reason reason);
 // True on a stream's device thread (work must not be recorded from there).
 bool on_device_thread();
 // A launch that a device thread ran is dropped by a host thread, not by the device thread:

@@ -3,7 +3,11 @@
 
 #include "runtime.h"
 
+#include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -21,6 +25,9 @@ constexpr int kMaxWatermarks = 32;
 std::array<std::atomic<int64_t>, kMaxCores> g_device_busy{};
 std::atomic<int64_t> g_record_ns{0};
 std::atomic<int64_t> g_wait_ns{0};
+std::atomic<int64_t> g_profiler_wait_ns{0};
+thread_local int tl_profiler_waits = 0;
+thread_local std::vector<uint64_t> tl_correlations;
 
 std::mutex g_events_mutex;
 std::deque<Event>& events() {
@@ -74,6 +81,25 @@ int64_t now_ns() {
       .count();
 }
 
+uint64_t correlation_id() noexcept { return tl_correlations.empty() ? 0 : tl_correlations.back(); }
+void push_correlation(uint64_t id) { tl_correlations.push_back(id); }
+void pop_correlation() {
+  if (!tl_correlations.empty()) tl_correlations.pop_back();
+}
+
+int32_t host_thread_id() noexcept {
+  thread_local const auto tid = static_cast<int32_t>(::syscall(SYS_gettid));
+  return tid;
+}
+
+ProfilerWaits::ProfilerWaits() { ++tl_profiler_waits; }
+ProfilerWaits::~ProfilerWaits() { --tl_profiler_waits; }
+bool profiler_waits() noexcept { return tl_profiler_waits > 0; }
+void enter_profiler_waits() { ++tl_profiler_waits; }
+void exit_profiler_waits() {
+  if (tl_profiler_waits > 0) --tl_profiler_waits;
+}
+
 void add_device_busy(int device, int64_t ns) {
   if (device >= 0 && device < kMaxCores) g_device_busy[device].fetch_add(ns, std::memory_order_relaxed);
 }
@@ -106,6 +132,7 @@ Totals totals() {
   for (const auto& b : g_device_busy) t.device_busy_ns.push_back(b.load(std::memory_order_relaxed));
   t.record_ns = g_record_ns.load();
   t.wait_ns = g_wait_ns.load();
+  t.profiler_wait_ns = g_profiler_wait_ns.load();
   return t;
 }
 
@@ -144,7 +171,12 @@ SyncScope::~SyncScope() {
   e.what = std::move(what_);
   e.source = source_;
   e.device = device_;
-  add_wait_time(e.duration_ns);
+  e.by_profiler = profiler_waits();
+  if (e.by_profiler) {
+    g_profiler_wait_ns.fetch_add(e.duration_ns, std::memory_order_relaxed);
+  } else {
+    add_wait_time(e.duration_ns);
+  }
   log_event(std::move(e));
 }
 
@@ -178,14 +210,20 @@ LaunchRecordPtr new_launch(const char* kind, std::string_view name, int device, 
   r->device = device;
   r->stream = stream;
   r->enqueue_ns = now_ns();
+  r->correlation = correlation_id();
+  r->host_tid = host_thread_id();
   std::lock_guard<std::mutex> lock(g_profile_mutex);
   if (active_profiles().empty()) return nullptr;
   records().push_back(r);
   return r;
 }
 
-void note_memory(int device, int64_t allocated, int64_t reserved) {
+void note_memory(int device, int64_t allocated, int64_t reserved, void* ptr, int64_t delta) {
   if (device < 0 || device >= kMaxCores) return;
+  if (delta != 0 && c10::memoryProfilingEnabled()) {  // torch.profiler(profile_memory=True) on this thread
+    c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(allocated), static_cast<size_t>(reserved),
+                                     c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device)));
+  }
   g_allocated[device].store(allocated, std::memory_order_relaxed);
   if (g_open_watermarks.load(std::memory_order_relaxed) > 0) {
     for (auto& w : g_watermarks) {
@@ -246,6 +284,40 @@ Profile stop_profile(int handle) {
     }
   }
   return p;
+}
+
+namespace {
+std::mutex g_annotator_mutex;
+ProfileAnnotator& annotator() {
+  static auto* a = new ProfileAnnotator();
+  return *a;
+}
+}  // namespace
+
+void set_profile_annotator(ProfileAnnotator a) {
+  std::lock_guard<std::mutex> lock(g_annotator_mutex);
+  annotator() = std::move(a);
+}
+
+ProfileNotes annotate(const Profile& profile) {
+  ProfileAnnotator a;
+  {
+    std::lock_guard<std::mutex> lock(g_annotator_mutex);
+    a = annotator();
+  }
+  return a ? a(profile) : ProfileNotes{};
+}
+
+std::string source_text(Source loc, const ProfileNotes& notes) {
+  if (loc.file < 0) return "";
+  const auto f = frame(loc);
+  const auto named = notes.file_names.find(f.file);
+  if (named == notes.file_names.end() || named->second.empty()) {
+    return f.file + ":" + std::to_string(f.line) + " in " + f.function;
+  }
+  std::string out = named->second + ", line " + std::to_string(f.line);
+  if (f.function != "<module>") out += " in " + f.function;
+  return out;
 }
 
 int open_watermark() {

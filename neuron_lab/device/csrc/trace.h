@@ -4,13 +4,17 @@
 // spent recording ops, host time spent waiting) and a bounded log of the rare
 // events that explain a slow region (host waits with their trigger, new graphs
 // with their cause, ops that ran inline, compiles).
-// Only while a profiler runs: one record per launch (enqueue, device start and
-// end, fused ops, graph and tier, bytes, source line) and memory samples.
+// Only while a profiler runs (neuron_lab.profiler, or torch.profiler with
+// ProfilerActivity.PrivateUse1 through kineto_plugin.cpp): one record per launch
+// (enqueue, device start and end, fused ops with their arguments' shapes, graph and
+// tier, bytes, source line, the torch.profiler op that recorded it) and memory samples.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <unordered_map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +46,30 @@ SourceFrame frame(Source loc);
 // Files under these prefixes are library code, skipped when looking for the user's line.
 void set_library_prefixes(std::vector<std::string> prefixes);
 
+// ---- torch.profiler's ops (kineto_plugin.cpp pushes and pops them) ---------------
+// While torch.profiler traces, every CPU op it records has a correlation id, pushed on
+// the thread that runs the op while the op runs. Launch and op records keep the innermost
+// one, so that device events link to the CPU op that recorded or launched them.
+uint64_t correlation_id() noexcept;  // 0: no torch.profiler op runs on this thread
+void push_correlation(uint64_t id);
+void pop_correlation();
+// The calling thread's OS id (gettid; what torch.profiler names CPU threads by).
+int32_t host_thread_id() noexcept;
+
+// While alive, host waits on this thread are the profiler's own (it finishes a region's
+// device work, reads its memory): logged with `by_profiler` set and kept out of the wait
+// total, so that no explanation lists them as the user's.
+class ProfilerWaits {
+ public:
+  ProfilerWaits();
+  ~ProfilerWaits();
+  ProfilerWaits(const ProfilerWaits&) = delete;
+  ProfilerWaits& operator=(const ProfilerWaits&) = delete;
+};
+bool profiler_waits() noexcept;
+void enter_profiler_waits();  // what ProfilerWaits does, for Python's `with` blocks
+void exit_profiler_waits();
+
 // ---- running totals ------------------------------------------------------------
 void add_device_busy(int device, int64_t ns);
 void add_record_time(int64_t ns);  // host time spent recording ops (tracing)
@@ -56,6 +84,7 @@ void reset_launch_times();
 struct Totals {
   std::vector<int64_t> device_busy_ns;  // per core
   int64_t record_ns = 0, wait_ns = 0;
+  int64_t profiler_wait_ns = 0;  // waits made by profilers (ProfilerWaits), not in wait_ns
 };
 Totals totals();
 
@@ -70,6 +99,7 @@ struct Event {
   Source source;
   int device = -1;
   int64_t graph_id = -1;
+  bool by_profiler = false;  // a wait a profiler made (ProfilerWaits), not the user's code
 };
 void log_event(Event e);
 // Events that began at or after `since_ns` (oldest first).
@@ -101,11 +131,24 @@ enum class LaunchTier : int { None = 0, Replay = 1, Compiled = 2 };
 enum class LaunchStatus : int { Queued = 0, Done = 1, Failed = 2, Skipped = 3 };
 const char* tier_name(LaunchTier tier);
 const char* status_name(LaunchStatus status);
+// An argument or result of a recorded op, as a cost model reads it (FLOPs and bytes).
+struct OpValue {
+  enum class Kind : uint8_t { Other, None, Tensor, Tensors, Int, Double, Bool, Ints };
+  Kind kind = Kind::Other;
+  int8_t dtype = -1;           // Tensor: its c10::ScalarType
+  std::vector<int64_t> ints;   // Tensor: its shape; Int: one value; Ints: the list; Tensors: their count
+  double number = 0;           // Double, Bool
+};
 struct OpRecord {
   std::string name, inputs;
   Source source;
   int64_t host_ns = 0;     // time spent recording it
   int64_t device_ns = -1;  // its share of the launch when replayed op by op; -1: unknown
+  std::string overload;    // the schema's overload name ("" for the default)
+  std::vector<OpValue> args, results;
+  int64_t record_start_ns = 0;  // when the host began recording it
+  uint64_t correlation = 0;     // the torch.profiler CPU op that recorded it (0: none)
+  int32_t host_tid = 0;         // the thread that recorded it
 };
 struct LaunchRecord {
   int64_t id = 0;
@@ -122,6 +165,8 @@ struct LaunchRecord {
   int64_t bytes_allocated = 0;
   Source source;
   std::vector<OpRecord> ops;
+  uint64_t correlation = 0;  // the torch.profiler CPU op running when it was enqueued (0: none)
+  int32_t host_tid = 0;      // the thread that enqueued it
 };
 using LaunchRecordPtr = std::shared_ptr<LaunchRecord>;
 
@@ -134,8 +179,9 @@ struct MemorySample {
   int device;
   int64_t allocated, reserved;
 };
-// The allocator reports every change: profiles sample it, scopes track their peak.
-void note_memory(int device, int64_t allocated, int64_t reserved);
+// The allocator reports every change: profiles sample it, scopes track their peak, and
+// torch.profiler(profile_memory=True) gets the block (ptr, +size allocated / -size freed).
+void note_memory(int device, int64_t allocated, int64_t reserved, void* ptr = nullptr, int64_t delta = 0);
 // Allocated bytes per core as of the allocator's last change (no wait for pending work).
 std::vector<int64_t> allocated_now();
 
@@ -147,6 +193,30 @@ struct Profile {
 // Profilers nest: records go to every active profiler.
 int start_profile();
 Profile stop_profile(int handle);
+
+// ---- what the layers above add to a profile before torch.profiler shows it ----------
+// The device knows no notebooks and no cost model: the observability layer registers an
+// annotator (from Python) that names source files as the user knows them (IPython's
+// "Cell In[7]") and models each op's NeuronCore time.
+struct OpCost {
+  double flops = -1, bytes = -1, modelled_ns = -1;  // -1: not modelled
+};
+struct ProfileNotes {
+  std::unordered_map<std::string, std::string> file_names;      // a source file -> its name ("Cell In[7]")
+  std::unordered_map<int64_t, OpCost> launch_costs;             // launch id -> the launch (overhead included)
+  std::unordered_map<int64_t, std::vector<OpCost>> op_costs;    // launch id -> each of its ops
+};
+using ProfileAnnotator = std::function<ProfileNotes(const Profile&)>;
+void set_profile_annotator(ProfileAnnotator annotator);
+// The registered annotator's notes on a profile (none registered: empty notes).
+ProfileNotes annotate(const Profile& profile);
+// A source line as text, with the annotator's name for its file: "Cell In[7], line 8",
+// "train.py:12 in step"; "" when unknown.
+std::string source_text(Source loc, const ProfileNotes& notes);
+
+// The device work torch.profiler saw last (its latest trace with ProfilerActivity.PrivateUse1):
+// the same records its device lanes were made of (kineto_plugin.cpp).
+Profile last_torch_profile();
 
 // Peak allocated bytes per core since a watermark was opened.
 int open_watermark();

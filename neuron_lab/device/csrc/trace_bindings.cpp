@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/DynamicTypes.h>
 
 namespace py = pybind11;
 
@@ -14,6 +15,30 @@ py::object source_tuple(trace::Source s) {
   if (s.file < 0) return py::none();
   const auto f = trace::frame(s);
   return py::make_tuple(f.file, f.line, f.function);
+}
+
+py::object op_value(const trace::OpValue& v) {
+  using Kind = trace::OpValue::Kind;
+  switch (v.kind) {
+    case Kind::Tensor: {
+      auto* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(v.dtype)));
+      return py::make_tuple("tensor", py::reinterpret_borrow<py::object>(dtype), py::tuple(py::cast(v.ints)));
+    }
+    case Kind::Tensors: return py::make_tuple("tensors", v.ints.empty() ? 0 : v.ints.front());
+    case Kind::Int: return py::int_(v.ints.empty() ? 0 : v.ints.front());
+    case Kind::Double: return py::float_(v.number);
+    case Kind::Bool: return py::bool_(v.number != 0);
+    case Kind::Ints: return py::list(py::cast(v.ints));
+    case Kind::None: return py::none();
+    case Kind::Other: break;
+  }
+  return py::make_tuple("other");
+}
+
+py::list op_values(const std::vector<trace::OpValue>& values) {
+  py::list out;
+  for (const auto& v : values) out.append(op_value(v));
+  return out;
 }
 
 py::dict launch_dict(const trace::LaunchRecord& r) {
@@ -40,10 +65,69 @@ py::dict launch_dict(const trace::LaunchRecord& r) {
     od["source"] = source_tuple(o.source);
     od["host_ns"] = o.host_ns;
     od["device_ns"] = o.device_ns;
+    od["overload"] = o.overload;
+    od["args"] = op_values(o.args);
+    od["results"] = op_values(o.results);
+    od["record_start_ns"] = o.record_start_ns;
+    od["correlation"] = o.correlation;
     ops.append(std::move(od));
   }
   d["ops"] = std::move(ops);
+  d["correlation"] = r.correlation;
   return d;
+}
+
+py::dict profile_dict(const trace::Profile& p) {
+  py::list launches;
+  for (const auto& r : p.launches) launches.append(launch_dict(*r));
+  py::list memory;
+  for (const auto& s : p.memory) memory.append(py::make_tuple(s.time_ns, s.device, s.allocated, s.reserved));
+  py::dict d;
+  d["launches"] = std::move(launches);
+  d["memory"] = std::move(memory);
+  d["start_ns"] = p.start_ns;
+  d["end_ns"] = p.end_ns;
+  return d;
+}
+
+trace::OpCost op_cost(const py::handle& value) {
+  trace::OpCost c;
+  if (value.is_none()) return c;
+  auto t = value.cast<py::tuple>();
+  c.flops = t[0].cast<double>();
+  c.bytes = t[1].cast<double>();
+  c.modelled_ns = t[2].cast<double>();
+  return c;
+}
+
+// The annotator from Python: f(profile dict) -> {"files": {path: name}, "launches":
+// {launch id: ((flops, bytes, modelled_ns), [(flops, bytes, modelled_ns) per op])}}.
+trace::ProfileNotes call_annotator(const py::object& annotator, const trace::Profile& p) {
+  trace::ProfileNotes notes;
+  if (!Py_IsInitialized()) return notes;
+  py::gil_scoped_acquire gil;
+  try {
+    py::dict out = annotator(profile_dict(p));
+    if (out.contains("files")) {
+      for (auto item : out["files"].cast<py::dict>()) {
+        notes.file_names[item.first.cast<std::string>()] = item.second.cast<std::string>();
+      }
+    }
+    if (out.contains("launches")) {
+      for (auto item : out["launches"].cast<py::dict>()) {
+        const auto id = item.first.cast<int64_t>();
+        auto pair = item.second.cast<py::tuple>();
+        notes.launch_costs[id] = op_cost(pair[0]);
+        auto& ops = notes.op_costs[id];
+        for (auto op : pair[1].cast<py::list>()) ops.push_back(op_cost(op));
+      }
+    }
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("neuron_lab: the profile annotator (source names, modelled time) failed");
+  } catch (const std::exception& e) {
+    PyErr_WarnEx(PyExc_RuntimeWarning, (std::string("neuron_lab: the profile annotator failed: ") + e.what()).c_str(), 1);
+  }
+  return notes;
 }
 
 py::dict event_dict(const trace::Event& e) {
@@ -57,6 +141,7 @@ py::dict event_dict(const trace::Event& e) {
   d["source"] = source_tuple(e.source);
   d["device"] = e.device;
   d["graph_id"] = e.graph_id;
+  d["by_profiler"] = e.by_profiler;
   return d;
 }
 
@@ -111,18 +196,31 @@ void register_trace_bindings(py::module& m) {
           py::gil_scoped_release no_gil;
           p = trace::stop_profile(handle);
         }
-        py::list launches;
-        for (const auto& r : p.launches) launches.append(launch_dict(*r));
-        py::list memory;
-        for (const auto& s : p.memory) memory.append(py::make_tuple(s.time_ns, s.device, s.allocated, s.reserved));
-        py::dict d;
-        d["launches"] = std::move(launches);
-        d["memory"] = std::move(memory);
-        d["start_ns"] = p.start_ns;
-        d["end_ns"] = p.end_ns;
-        return d;
+        return profile_dict(p);
       },
       py::arg("handle"), "Stops a profile: its launches and memory samples.");
+  m.def("last_torch_profile", []() { return profile_dict(trace::last_torch_profile()); },
+        "The launches and memory samples of torch.profiler's latest trace of the device (its device lanes).");
+  m.def(
+      "set_profile_annotator",
+      [](py::object annotator) {
+        if (annotator.is_none()) {
+          trace::set_profile_annotator(nullptr);
+          return;
+        }
+        // Kept for the life of the process: torch.profiler may stop a trace during shutdown.
+        auto* kept = new py::object(std::move(annotator));
+        trace::set_profile_annotator([kept](const trace::Profile& p) { return call_annotator(*kept, p); });
+      },
+      py::arg("annotator"),
+      "Registers f(profile dict) -> {'files': {path: name}, 'launches': {id: (cost, [op costs])}} for "
+      "torch.profiler's device lanes (cost: (flops, bytes, modelled_ns)); None unregisters it.");
+  m.def("enter_profiler_waits", &trace::enter_profiler_waits,
+        "From now until exit_profiler_waits(), host waits on this thread are the profiler's own.");
+  m.def("exit_profiler_waits", []() {
+    TORCH_CHECK(trace::profiler_waits(), "neuron: exit_profiler_waits() without enter_profiler_waits()");
+    trace::exit_profiler_waits();
+  });
   m.def(
       "events_since",
       [](int64_t since) {
@@ -157,6 +255,7 @@ void register_trace_bindings(py::module& m) {
     d["device_busy_ns"] = busy;
     d["record_ns"] = t.record_ns;
     d["wait_ns"] = t.wait_ns;
+    d["profiler_wait_ns"] = t.profiler_wait_ns;
     return d;
   });
   m.def("launch_times", []() {
