@@ -98,7 +98,7 @@ def test_each_op_of_a_long_function_carries_its_own_line(tmp_path):
 def test_table_rejects_bad_arguments_with_the_fix():
     with neuron_lab.profiler.profile() as prof:
         (torch.ones(4, device="neuron") + 1).sum().item()
-    with pytest.raises(ValueError, match="device_time, host_time, count, name"):
+    with pytest.raises(ValueError, match="device_time, modelled_time, host_time, count, name"):
         prof.table(sort_by="speed")
     with pytest.raises(ValueError, match="top=-1"):
         prof.table(top=-1)
@@ -158,11 +158,20 @@ def test_timeline_lanes_for_two_streams_with_an_event():
     side_graph = next(l for l in by_stream[side.stream_id] if l.kind == "graph")
     assert side_graph.start_ns >= main_graph.end_ns
 
-    fig = prof.timeline()
+    timeline = prof.timeline()
+    fig = timeline.figure()
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert labels[0] == LANE_HOST
     assert "neuron:0 stream 0" in labels and f"neuron:0 stream {side.stream_id}" in labels
     assert len(fig.axes[0].collections) >= 3  # bars on the host and on both stream lanes
+    # The interactive timeline: the same lanes, a bar per launch and per op of a replayed graph.
+    lanes = [lane["name"] for lane in timeline.data["lanes"]]
+    assert lanes[0] == "host" and "neuron:0 stream 0" in lanes and f"neuron:0 stream {side.stream_id}" in lanes
+    assert "memory neuron:0" in lanes
+    tips = [bar[4] for bar in timeline.data["bars"]]
+    assert any(t.startswith("aten::mm") and "emulated:" in t and "modelled:" in t for t in tips), tips[:5]
+    page = timeline._repr_html_()
+    assert "window.neuronTimeline(" in page and "<script>" in page and "http" not in page.split("<script>")[1]
 
 
 def test_memory_timeline_marks_the_peak():
@@ -242,15 +251,18 @@ def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path, monkeypatch):
 # ---- torch.profiler ------------------------------------------------------------------------
 
 def test_torch_profiler_sees_neuron_launches():
+    # The device's lanes are ProfilerActivity.PrivateUse1's (tests/test_torch_profiler.py): a
+    # CPU-only trace has the CPU ops, and no device events.
     x = torch.randn(64, 64, device="neuron")
     torch.neuron.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
-        for _ in range(3):
-            (x * 2 + 1).relu().sum().item()
-    keys = {e.key: e.count for e in tp.key_averages()}
-    neuron_keys = [k for k in keys if k.startswith("neuron: graph")]
-    assert neuron_keys, sorted(keys)[:40]
-    assert sum(keys[k] for k in neuron_keys) == 3
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+    for wanted, expected in ((activities[:1], 0), (activities, 3)):
+        with torch.profiler.profile(activities=wanted) as tp:
+            for _ in range(3):
+                (x * 2 + 1).relu().sum().item()
+        keys = {e.key: e.count for e in tp.key_averages()}
+        assert keys["aten::relu"] == 3
+        assert keys.get("neuron::relu", 0) == expected, sorted(keys)
 
 
 # ---- metrics --------------------------------------------------------------------------------

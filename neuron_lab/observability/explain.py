@@ -120,6 +120,10 @@ class Explanation:
     events: list[Event] = field(default_factory=list)
     collectives: list[CollectiveRecord] = field(default_factory=list)  # torch.distributed on neuron
     label: str = "region"
+    # A profile's modelled NeuronCore time of its launches (cost_model); None when the region
+    # was not profiled (an explain scope records no launches).
+    modelled_device_s: Optional[float] = None
+    modelled_core: str = ""
 
     # ---- derived ------------------------------------------------------------------------------
     _start_allocated: int = 0
@@ -127,7 +131,8 @@ class Explanation:
     @property
     def used_device(self) -> bool:
         """Whether the region launched, recorded, waited for or allocated anything on neuron."""
-        own = [e for e in self.events if not (e.kind == "sync" and e.reason in _BOOKKEEPING_SYNCS)]
+        own = [e for e in self.events
+               if not (e.kind == "sync" and (e.reason in _BOOKKEEPING_SYNCS or e.by_profiler))]
         # A region that only freed memory (e.g. IPython dropping an old output) did not use it.
         return bool(self.launches or self.ops_recorded or self.inline_ops or own
                     or self.memory_delta_bytes > 0 or self.peak_bytes > self._start_allocated)
@@ -147,8 +152,9 @@ class Explanation:
 
     @property
     def sync_events(self) -> list[Event]:
-        """Every host wait, with its trigger (``what``), line and duration."""
-        return self._of("sync")
+        """Every host wait of the user's code, with its trigger (``what``), line and duration
+        (a profiler's or explain scope's own waits are not the user's: ``Event.by_profiler``)."""
+        return [e for e in self._of("sync") if not e.by_profiler]
 
     @property
     def inline_events(self) -> list[Event]:
@@ -164,11 +170,19 @@ class Explanation:
             out.append(e)
         return out
 
+    @property
+    def device_text(self) -> str:
+        """``device 12.3 ms`` (emulated), with the modelled time beside it when the region was profiled."""
+        if self.modelled_device_s is None:
+            return f"device {format_seconds(self.device_s)}"
+        return (f"device {format_seconds(self.device_s)} emulated, "
+                f"{format_seconds(self.modelled_device_s)} modelled")
+
     def summary_line(self) -> str:
         """One compact line: what the region cost and did on the device."""
         parts = [
             f"wall {format_seconds(self.wall_s)}",
-            f"device {format_seconds(self.device_s)}",
+            self.device_text,
             f"tracing {format_seconds(self.host_tracing_s)}",
         ]
         if self.compile_s:
@@ -227,8 +241,11 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"neuron_lab.explain: {self.label} took {format_seconds(self.wall_s)}"]
         lines.append(
-            f"  time: host tracing {format_seconds(self.host_tracing_s)} | device {format_seconds(self.device_s)}"
+            f"  time: host tracing {format_seconds(self.host_tracing_s)} | {self.device_text}"
             f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}")
+        if self.modelled_device_s is not None:
+            lines.append(f"  (emulated: what this machine's CPU took; modelled: what a {self.modelled_core} would "
+                         "take, from each op's FLOPs and bytes and a launch overhead)")
         lines.append(
             f"  launches: {self.launches} ({self.graph_launches} graphs: {self.graphs_built} new, "
             f"{self.cache_hits} cached; {self.inline_ops} inline ops; {self.ops_recorded} ops recorded)")
@@ -290,7 +307,7 @@ class Explanation:
         out = [f"<div class='neuron-explain'><b>neuron_lab.explain</b>: {esc(self.label)} took "
                f"{format_seconds(self.wall_s)}",
                f"<div style='width:420px;background:#eee'>{bars}</div>",
-               f"<div>host tracing {format_seconds(self.host_tracing_s)} · device {format_seconds(self.device_s)} · "
+               f"<div>host tracing {format_seconds(self.host_tracing_s)} · {esc(self.device_text)} · "
                f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)}</div>",
                f"<div>{self.launches} launches ({self.graph_launches} graphs: {self.graphs_built} new, "
                f"{self.cache_hits} cached; {self.inline_ops} inline ops) · peak {format_bytes(self.peak_bytes)}, "
@@ -341,12 +358,15 @@ class explain_scope:
             raise RuntimeError("neuron_lab.explain_scope() exited without being entered")
         error: Optional[BaseException] = None
         self._end_ns = now_ns()  # the final wait below is the scope's, not one of the region's syncs
-        try:
-            stats.synchronize_all(Reason.SYNCHRONIZE)  # every core: the region may have used several
-        except Exception as e:  # an asynchronous error of the region: reported after the numbers
-            error = e
-        finally:
-            self._finish()
+        # The scope's own waits (finishing the region's work, reading its memory) are not the
+        # user's: an enclosing scope (the notebook cell's) must not list them.
+        with trace.profiler_waits():
+            try:
+                stats.synchronize_all(Reason.SYNCHRONIZE)  # every core: the region may have used several
+            except Exception as e:  # an asynchronous error of the region: reported after the numbers
+                error = e
+            finally:
+                self._finish()
         if error is not None and exc_type is None:
             raise error
 

@@ -1,5 +1,7 @@
-"""Profile exports: Chrome trace JSON (Perfetto, chrome://tracing) and tidy tables
-(CSV, Parquet) of launches and ops for pandas or automated analysis.
+"""Profile exports: the device's own Chrome trace (Perfetto, chrome://tracing) of a profile
+that ran without torch.profiler, and tidy tables (CSV, Parquet) of launches and ops for pandas
+or automated analysis, with the emulated and the modelled time side by side. (A profile with
+``torch_profiler=True`` exports torch.profiler's trace instead: ``Profile.export_chrome_trace``.)
 
 Every file is written through ``neuron_lab.files.replace_file``: beside the target, then
 renamed over it, so a symbolic link planted at the path is refused, never written through."""
@@ -126,23 +128,34 @@ def write_chrome_trace(profile: "Profile", path: PathLike) -> Path:
 
 
 LAUNCH_COLUMNS = ("launch_id", "kind", "name", "device", "stream", "enqueue_us", "start_us", "end_us",
-                  "device_us", "queued_us", "host_us", "n_ops", "graph_id", "tier", "status", "bytes_allocated",
-                  "source_file", "source_line")
-OP_COLUMNS = ("launch_id", "index", "op", "inputs", "host_us", "device_us", "device", "stream", "graph_id", "tier",
-              "source_file", "source_line")
+                  "device_us", "modelled_us", "flops", "bytes_moved", "modelled_utilisation", "queued_us", "host_us",
+                  "n_ops", "graph_id", "tier", "status", "bytes_allocated", "source", "source_file", "source_line")
+OP_COLUMNS = ("launch_id", "index", "op", "inputs", "host_us", "device_us", "modelled_us", "flops", "bytes_moved",
+              "modelled_utilisation", "device", "stream", "graph_id", "tier", "source", "source_file", "source_line")
+
+
+def _cost_columns(cost) -> dict:
+    if cost is None:
+        return {"modelled_us": None, "flops": None, "bytes_moved": None, "modelled_utilisation": None}
+    return {"modelled_us": cost.modelled_ns / 1e3, "flops": cost.flops, "bytes_moved": cost.bytes,
+            "modelled_utilisation": cost.utilisation}
 
 
 def launch_table(profile: "Profile") -> list[dict]:
-    """One row per launch; times in µs since the profile started."""
+    """One row per launch; times in µs since the profile started; ``device_us`` is emulated,
+    ``modelled_us`` the modelled NeuronCore time (``cost_model``)."""
     t0 = profile.start_ns
+    costs = profile.costs()
     rows = []
     for l in profile.launches:
         rows.append({
             "launch_id": l.id, "kind": l.kind, "name": l.name, "device": l.device, "stream": l.stream,
             "enqueue_us": (l.enqueue_ns - t0) / 1e3, "start_us": (l.start_ns - t0) / 1e3 if l.start_ns else None,
             "end_us": (l.end_ns - t0) / 1e3 if l.end_ns else None, "device_us": l.device_ns / 1e3,
+            **_cost_columns(costs[l.id][0] if l.id in costs else None),
             "queued_us": l.queued_ns / 1e3, "host_us": l.host_ns / 1e3, "n_ops": l.n_ops, "graph_id": l.graph_id,
             "tier": l.tier, "status": l.status, "bytes_allocated": l.bytes_allocated,
+            "source": format_source(l.source) if l.source else None,
             "source_file": l.source.file if l.source else None, "source_line": l.source.line if l.source else None,
         })
     return rows
@@ -150,23 +163,28 @@ def launch_table(profile: "Profile") -> list[dict]:
 
 def op_table(profile: "Profile") -> list[dict]:
     """One row per recorded op of every launch (inline kernels count as one op)."""
+    costs = profile.costs()
     rows = []
     for l in profile.launches:
         if l.kind in ("event", "wait"):
             continue
         calls = l.ops
+        launch_cost, op_costs = costs.get(l.id, (None, []))
         if not calls:
             rows.append({"launch_id": l.id, "index": 0, "op": l.name, "inputs": "", "host_us": 0.0,
-                         "device_us": l.device_ns / 1e3, "device": l.device, "stream": l.stream,
-                         "graph_id": l.graph_id, "tier": l.tier,
+                         "device_us": l.device_ns / 1e3, **_cost_columns(launch_cost), "device": l.device,
+                         "stream": l.stream, "graph_id": l.graph_id, "tier": l.tier,
+                         "source": format_source(l.source) if l.source else None,
                          "source_file": l.source.file if l.source else None,
                          "source_line": l.source.line if l.source else None})
             continue
         for i, op in enumerate(calls):
             device_us = op.device_ns / 1e3 if op.device_ns >= 0 else (l.device_ns / 1e3 if len(calls) == 1 else None)
             rows.append({"launch_id": l.id, "index": i, "op": op.name, "inputs": op.inputs,
-                         "host_us": op.host_ns / 1e3, "device_us": device_us, "device": l.device,
+                         "host_us": op.host_ns / 1e3, "device_us": device_us,
+                         **_cost_columns(op_costs[i] if i < len(op_costs) else None), "device": l.device,
                          "stream": l.stream, "graph_id": l.graph_id, "tier": l.tier,
+                         "source": format_source(op.source) if op.source else None,
                          "source_file": op.source.file if op.source else None,
                          "source_line": op.source.line if op.source else None})
     return rows

@@ -3,28 +3,42 @@ memory and the user's source line.
 
     with neuron_lab.profiler.profile() as prof:
         train_step()
-    prof.table()               # per graph / kernel and per op
-    prof.timeline()            # lanes per stream + host
-    prof.export_chrome_trace("trace.json")
+    prof.table()               # per graph / kernel and per op: emulated and modelled time
+    prof.timeline()            # interactive: lanes for the host, each stream, collectives, memory
+    prof.export_parquet("run.parquet")
+
+    with neuron_lab.profiler.profile(torch_profiler=True) as prof:   # torch.profiler runs too
+        train_step()
+    prof.torch.key_averages()  # CPU ops with their device time
+    prof.export_chrome_trace("trace.json")  # torch.profiler's trace, with the device's lanes
+
+The launch records are the device's one recorder (``neuron_lab.device.trace``): the same
+records make torch.profiler's device lanes (``ProfilerActivity.PrivateUse1``), so a profile
+and a torch.profiler trace of one region show the same launches.
 
 Cost while profiling: one record per launch (not per op in the host's hot path:
 ops are described when their buffer is flushed) plus a clock read per replayed
-op; nothing is recorded when no profiler runs.
+op; nothing is recorded when no profiler runs. ``torch_profiler=True`` adds torch.profiler's
+own cost (a record per CPU op, and its processing when the profile stops).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
-from typing import Optional, Union
+from pathlib import Path
+from typing import Any, Optional, Union
 
 from neuron_lab.device import trace
-from neuron_lab.observability import export
+from neuron_lab.files import refuse_link, replace_file
+from neuron_lab.observability import cost_model, export
 from neuron_lab.observability.explain import Explanation, explain_scope
 from neuron_lab.observability.records import Event, Launch, MemorySample, events_since
 from neuron_lab.observability.table import ProfileTable
 
-__all__ = ["Profile", "profile", "start", "stop"]
+__all__ = ["Profile", "profile", "start", "stop", "from_torch_profiler"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -42,22 +56,51 @@ class Profile:
         self.start_ns = start_ns
         self.end_ns = end_ns
         self.explanation = explanation
+        self.torch: Any = None  # the torch.profiler.profile that ran with it (profile(torch_profiler=True))
+        self._costs: Optional[dict] = None
+        self._spec: Optional[cost_model.CoreSpec] = None
 
     @property
     def duration_s(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
 
+    def costs(self) -> dict[int, tuple[cost_model.OpCost, list[cost_model.OpCost]]]:
+        """The modelled cost of each launch and of its ops, by launch id (``cost_model``; on the
+        core ``cost_model.core()`` describes)."""
+        spec = cost_model.core()
+        if self._costs is None or self._spec is not spec:
+            out = {}
+            for l in self.launches:
+                if l.kind in ("event", "wait"):
+                    continue
+                ops = [cost_model.cached_op_cost(o.name, o.overload, o.args, o.results, spec) for o in l.ops]
+                out[l.id] = (cost_model.launch_cost(ops, spec), ops)
+            self._costs, self._spec = out, spec
+        return self._costs
+
+    @property
+    def core_name(self) -> str:
+        """The core the modelled times are for."""
+        return cost_model.core().name
+
+    @property
+    def modelled_device_s(self) -> float:
+        """What the launches would take on the modelled core, one after the other (seconds)."""
+        return sum(cost.modelled_ns for cost, _ in self.costs().values()) / 1e9
+
     def table(self, sort_by: str = "device_time", top: int = 20) -> ProfileTable:
-        """Launches per graph / kernel and ops per name: count, host time, device time,
-        share of the device time. ``sort_by``: device_time, host_time, count or name;
-        ``top``: rows per section (0: all)."""
-        return ProfileTable(self.launches, sort_by=sort_by, top=top, collectives=self.collectives)
+        """Launches per graph / kernel and ops per name: count, host time, emulated device time,
+        modelled NeuronCore time and utilisation, share of the device time. ``sort_by``:
+        device_time, modelled_time, host_time, count or name; ``top``: rows per section (0: all)."""
+        return ProfileTable(self.launches, sort_by=sort_by, top=top, collectives=self.collectives,
+                            costs=self.costs(), core=self.core_name)
 
     def timeline(self):
-        """A matplotlib Figure: a lane per stream per core and the host lane."""
-        from neuron_lab.observability import timeline  # matplotlib only when asked for
+        """The interactive timeline (zoom, pan, hover): lanes for the host, each stream of each
+        core, collectives, the compiler and memory; ``.figure()`` is the static matplotlib one."""
+        from neuron_lab.observability.interactive import Timeline
 
-        return timeline.timeline_figure(self)
+        return Timeline(self)
 
     def memory_timeline(self):
         """A matplotlib Figure: allocated and reserved bytes per core over time, peak marked."""
@@ -65,9 +108,25 @@ class Profile:
 
         return timeline.memory_figure(self)
 
-    def export_chrome_trace(self, path: PathLike):
-        """Writes a Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing)."""
-        return export.write_chrome_trace(self, path)
+    def export_chrome_trace(self, path: PathLike) -> Path:
+        """Writes a Chrome trace (https://ui.perfetto.dev, chrome://tracing). A profile that ran
+        with ``torch_profiler=True`` writes torch.profiler's trace: CPU ops, the device's lanes
+        with flows to the ops that recorded them, memory; TensorBoard and Holistic Trace Analysis
+        read it. Otherwise it writes the device's own lanes (launches, waits, compiles, collectives)."""
+        if self.torch is None:
+            return export.write_chrome_trace(self, path)
+        path = Path(path)
+        refuse_link(path, "Chrome trace")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="neuron_trace_")
+        try:
+            written = os.path.join(folder, "trace.json")
+            self.torch.export_chrome_trace(written)
+            with open(written, "rb") as source, replace_file(path, "Chrome trace", binary=True) as target:
+                shutil.copyfileobj(source, target)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return path
 
     def export_csv(self, path: PathLike):
         """Writes launches to ``path`` and ops to ``<path stem>_ops.csv``; returns both paths."""
@@ -86,7 +145,10 @@ class Profile:
         return export.op_table(self)
 
     def explain(self) -> Explanation:
-        """Why the region took its time (see ``neuron_lab.explain_scope``)."""
+        """Why the region took its time (see ``neuron_lab.explain_scope``), with the modelled
+        NeuronCore time beside the emulated one."""
+        self.explanation.modelled_device_s = self.modelled_device_s
+        self.explanation.modelled_core = self.core_name
         return self.explanation
 
     def __repr__(self) -> str:
@@ -94,10 +156,10 @@ class Profile:
                 f"{self.duration_s * 1e3:.1f} ms>")
 
     def __str__(self) -> str:
-        return f"{self.explanation.summary_line()}\n\n{self.table()}"
+        return f"{self.explain().summary_line()}\n\n{self.table()}"
 
     def _repr_html_(self) -> str:
-        return (f"<div><code>{self.explanation.summary_line()}</code></div>" + self.table()._repr_html_())
+        return (f"<div><code>{self.explain().summary_line()}</code></div>" + self.table()._repr_html_())
 
 
 class profile:
@@ -105,10 +167,14 @@ class profile:
     is filled when the block ends (after the region's device work finished).
     Profilers nest; each sees the launches made while it ran."""
 
-    def __init__(self, label: str = "profiled region") -> None:
+    def __init__(self, label: str = "profiled region", torch_profiler: bool = False,
+                 profile_memory: bool = True, record_shapes: bool = True) -> None:
         self._label = label
         self._handle: Optional[int] = None
         self._scope: Optional[explain_scope] = None
+        self._torch_profiler = torch_profiler
+        self._torch_options = {"profile_memory": profile_memory, "record_shapes": record_shapes}
+        self._torch: Any = None
         self.result: Optional[Profile] = None
 
     def __enter__(self) -> Profile:
@@ -121,8 +187,18 @@ class profile:
     def start(self) -> None:
         if self._handle is not None:
             raise RuntimeError("this profiler is already running; call stop() first")
+        if self._torch_profiler:
+            import torch
+
+            if torch.autograd.profiler._is_profiler_enabled:
+                raise RuntimeError("torch.profiler is already running, and it runs one trace at a time: profile with "
+                                   "neuron_lab.profiler.profile() (torch_profiler=False) inside it, or stop it first")
+            activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.PrivateUse1]
+            self._torch = torch.profiler.profile(activities=activities, **self._torch_options)
         self._scope = explain_scope(label=self._label)
         self._scope.__enter__()
+        if self._torch is not None:
+            self._torch.__enter__()
         self._handle = trace.start_profile()
 
     def stop(self) -> Profile:
@@ -133,6 +209,9 @@ class profile:
             self._scope.__exit__(None, None, None)  # finishes the region's device work
         except Exception as e:
             error = e
+        if self._torch is not None:
+            with trace.profiler_waits():
+                self._torch.__exit__(None, None, None)
         raw = trace.stop_profile(self._handle)
         self._handle = None
         launches = [Launch.from_native(d) for d in raw["launches"]]
@@ -142,6 +221,7 @@ class profile:
         result.launches, result.events, result.memory = launches, events, memory
         result.collectives = self._scope.explanation.collectives
         result.start_ns, result.end_ns = raw["start_ns"], raw["end_ns"]
+        result.torch, self._torch = self._torch, None
         self.result = result
         if error is not None:
             error.profile = result  # the profile survives an asynchronous error of the region
@@ -160,14 +240,14 @@ _current: Optional[profile] = None
 _lock = threading.Lock()
 
 
-def start(label: str = "profiled region") -> None:
+def start(label: str = "profiled region", torch_profiler: bool = False) -> None:
     """Starts the session-wide profiler (``stop()`` returns its :class:`Profile`)."""
     global _current
     with _lock:
         if _current is not None:
             raise RuntimeError("neuron_lab.profiler.start() was already called; call neuron_lab.profiler.stop() "
                                "first, or use `with neuron_lab.profiler.profile() as prof:` for nested regions")
-        p = profile(label)
+        p = profile(label, torch_profiler=torch_profiler)
         p.start()
         _current = p
 
@@ -180,3 +260,19 @@ def stop() -> Profile:
             raise RuntimeError("neuron_lab.profiler.stop() without start(): call neuron_lab.profiler.start() first")
         p, _current = _current, None
     return p.stop()
+
+
+def from_torch_profiler(torch_profile: Any = None) -> Profile:
+    """The device's side of torch.profiler's latest trace with ``ProfilerActivity.PrivateUse1``,
+    as a :class:`Profile` (tables, the interactive timeline, Parquet): the very records its
+    device lanes were made of. ``torch_profile`` (optional) is kept as ``Profile.torch``."""
+    raw = trace.last_torch_profile()
+    if not raw["end_ns"]:
+        raise RuntimeError("torch.profiler has not traced the device yet: trace with "
+                           "activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]")
+    explanation = Explanation(label="torch.profiler trace")
+    explanation.wall_s = (raw["end_ns"] - raw["start_ns"]) / 1e9
+    result = Profile([Launch.from_native(d) for d in raw["launches"]], events_since(raw["start_ns"], raw["end_ns"]),
+                     [MemorySample(*m) for m in raw["memory"]], raw["start_ns"], raw["end_ns"], explanation)
+    result.torch = torch_profile
+    return result

@@ -12,7 +12,7 @@ from typing import Optional
 from neuron_lab.device import trace as _trace
 from neuron_lab.device.trace import Reason
 
-__all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", "format_source"]
+__all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", "format_source", "cell_name"]
 
 
 def now_ns() -> int:
@@ -20,7 +20,7 @@ def now_ns() -> int:
     return _trace.now_ns()
 
 
-def _cell_name(file: str) -> Optional[str]:
+def cell_name(file: str) -> Optional[str]:
     """IPython's name for the cell compiled to ``file`` ("Cell In[3]"), or None outside IPython.
 
     Kernels compile each cell to a file such as ``/tmp/ipykernel_123/1390148714.py``;
@@ -46,7 +46,7 @@ class SourceLine:
     function: str
 
     def __str__(self) -> str:
-        cell = _cell_name(self.file)
+        cell = cell_name(self.file)
         if cell is not None:  # as IPython's tracebacks name it
             where = f"{cell}, line {self.line}"
             return where if self.function == "<module>" else f"{where} in {self.function}"
@@ -55,7 +55,7 @@ class SourceLine:
     @property
     def short(self) -> str:
         """``file.py:12`` (the file's last path component), or ``In[3], line 12`` for a cell."""
-        cell = _cell_name(self.file)
+        cell = cell_name(self.file)
         if cell is not None:
             return f"{cell.removeprefix('Cell ')}, line {self.line}"
         return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
@@ -74,13 +74,27 @@ def format_source(source: Optional[SourceLine], short: bool = False) -> str:
 
 @dataclass(frozen=True)
 class OpCall:
-    """One recorded op inside a launch."""
+    """One recorded op inside a launch.
+
+    ``args`` and ``results`` are what a cost model reads: a tensor is ``("tensor", dtype,
+    shape)``, a list of tensors ``("tensors", count)``; numbers, lists of ints and None are
+    themselves."""
 
     name: str
     inputs: str
     source: Optional[SourceLine]
     host_ns: int  # time spent recording it on the host
     device_ns: int  # its execution time when replayed op by op; -1 when unknown (compiled)
+    overload: str = ""
+    args: tuple = ()
+    results: tuple = ()
+    record_start_ns: int = 0  # when the host began recording it
+    correlation: int = 0  # the torch.profiler CPU op that recorded it (0: none)
+
+    @property
+    def qualified_name(self) -> str:
+        """``aten::add.Tensor``: the name and overload torch's op registry uses."""
+        return f"{self.name}.{self.overload}" if self.overload else self.name
 
 
 @dataclass(frozen=True)
@@ -103,6 +117,7 @@ class Launch:
     bytes_allocated: int
     source: Optional[SourceLine]
     ops: tuple[OpCall, ...] = field(default_factory=tuple)
+    correlation: int = 0  # the torch.profiler CPU op running when it was enqueued (0: none)
 
     @property
     def device_ns(self) -> int:
@@ -135,13 +150,15 @@ class Launch:
     @classmethod
     def from_native(cls, d: dict) -> "Launch":
         ops = tuple(
-            OpCall(o["name"], o["inputs"], _source(o["source"]), o["host_ns"], o["device_ns"]) for o in d["ops"]
+            OpCall(o["name"], o["inputs"], _source(o["source"]), o["host_ns"], o["device_ns"], o["overload"],
+                   tuple(o["args"]), tuple(o["results"]), o["record_start_ns"], o["correlation"])
+            for o in d["ops"]
         )
         return cls(
             id=d["id"], kind=d["kind"], name=d["name"], device=d["device"], stream=d["stream"],
             enqueue_ns=d["enqueue_ns"], start_ns=d["start_ns"], end_ns=d["end_ns"], n_ops=d["n_ops"],
             graph_id=d["graph_id"], tier=d["tier"], status=d["status"], bytes_allocated=d["bytes_allocated"],
-            source=_source(d["source"]), ops=ops,
+            source=_source(d["source"]), ops=ops, correlation=d["correlation"],
         )
 
 
@@ -164,11 +181,12 @@ class Event:
     device: int
     graph_id: int
     reason: Reason = Reason.NONE  # sync and inline_op: why the host waited
+    by_profiler: bool = False  # a wait a profiler or explain scope made itself, not the user's code
 
     @classmethod
     def from_native(cls, d: dict) -> "Event":
         return cls(d["time_ns"], d["duration_ns"], d["kind"], d["what"], d["detail"], _source(d["source"]),
-                   d["device"], d["graph_id"], d["reason"])
+                   d["device"], d["graph_id"], d["reason"], d["by_profiler"])
 
 
 @dataclass(frozen=True)
