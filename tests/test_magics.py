@@ -469,3 +469,54 @@ def test_profiles_and_explanations_name_cells_as_ipython_does(ip: InteractiveShe
     # Outside IPython's cells the file's own name stays.
     from neuron_lab.observability.records import SourceLine
     assert SourceLine("/work/train.py", 12, "step").short == "train.py:12"
+
+
+# ---- profiling does not bill the user ---------------------------------------------------------
+
+
+def test_the_profilers_rendering_is_not_billed_to_the_cell(ip: InteractiveShell, monkeypatch) -> None:
+    """The cell's line ends with the profiled code: the table's rendering (here made slow on
+    purpose, a probe) comes after it."""
+    import time
+
+    from neuron_lab.observability.table import ProfileTable
+
+    rendering_s = 1.0
+    original = ProfileTable._repr_html_
+
+    def slow_render(self):
+        time.sleep(rendering_s)
+        return original(self)
+
+    monkeypatch.setattr(ProfileTable, "_repr_html_", slow_render)
+    started = time.perf_counter()
+    cell = ok(ip, "%%neuron_profile\nbilled = (torch.ones(64, device='neuron') * 3).sum().item()")
+    took = time.perf_counter() - started
+    assert took >= rendering_s
+    record = timer_for(ip).record_of(cell.result.execution_count)
+    assert record.used_device and record.explanation.wall_s < took - 0.8 * rendering_s, (
+        record.explanation.wall_s, took)
+
+
+def test_explain_never_lists_the_profilers_waits_as_the_users(ip: InteractiveShell) -> None:
+    cell = ok(ip, "%%neuron_profile --explain\n"
+                  "pending = torch.ones(64, 64, device='neuron') @ torch.ones(64, 64, device='neuron')")
+    record = timer_for(ip).record_of(cell.result.execution_count)
+    from neuron_lab.observability.records import format_source
+
+    lines = [format_source(e.source) for e in record.explanation.sync_events]
+    assert not any("run_cell_magic" in line or "IPython" in line for line in lines), lines
+    assert not any(e.by_profiler for e in record.explanation.sync_events)
+    shown = str(ok(ip, f"%neuron_explain {cell.result.execution_count}").result.result)
+    assert "run_cell_magic" not in shown and "host waits (" not in shown, shown
+
+
+def test_torch_profiler_names_cell_lines_as_ipython_does(ip: InteractiveShell, tmp_path) -> None:
+    path = tmp_path / "trace.json"
+    cell = ok(ip, "from torch.profiler import ProfilerActivity, profile as torch_profile\n"
+                  "with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as tp:\n"
+                  "    tv = (torch.ones(8, 8, device='neuron') @ torch.ones(8, 8, device='neuron')).sum().item()\n"
+                  f"tp.export_chrome_trace({str(path)!r})")
+    events = json.loads(path.read_text())["traceEvents"]
+    sources = {e["args"].get("source") for e in events if e.get("cat") == "kernel"}
+    assert f"Cell In[{cell.result.execution_count}], line 3" in sources, sources

@@ -272,6 +272,13 @@ class CellTimer:
         armed, self._armed = self._armed, False
         return armed
 
+    def end_measurement(self) -> Optional[BaseException]:
+        """Ends the running cell's measurement now, inside its execution (``%%neuron_profile``
+        calls it when the profiled code is done: the profiler's processing and rendering that
+        follow are not billed to the cell's line). Returns the asynchronous error that finishing
+        the cell's device work raised, if any, for the caller to raise as the cell's error."""
+        return self._close_scope_in_cell()
+
     def _close_scope_in_cell(self) -> Optional[BaseException]:
         """The cell reached its end: finishes its device work inside its execution and
         returns the asynchronous error that raised, if any (``finish_cell`` raises it)."""

@@ -21,10 +21,9 @@ from IPython.display import display
 from neuron_lab.adaptive_eager import MODES
 from neuron_lab.magics.autotime import CellTimer
 from neuron_lab.magics.display import CellExplanation, FigureDisplay, MemoryReport, StatusReport, parse_device
+from neuron_lab.observability.table import SORT_KEYS
 
 __all__ = ["NeuronMagics"]
-
-SORT_KEYS = ("device_time", "host_time", "count", "name")
 
 
 def _check_output_path(option: str, path: Optional[str]) -> Optional[str]:
@@ -55,9 +54,12 @@ class NeuronMagics(Magics):
     @argument("--sort", choices=SORT_KEYS, default="device_time",
               help="order of the op/graph table (default: device_time)")
     @argument("--top", type=int, default=20, metavar="N", help="rows of the table (default: 20)")
-    @argument("--timeline", action="store_true", help="show the launch timeline per device and stream")
+    @argument("--timeline", action="store_true",
+              help="show the interactive timeline (host, each stream, collectives, memory; zoom, pan, hover)")
     @argument("--memory", action="store_true", help="show device memory over time")
-    @argument("--trace", metavar="PATH", help="write a Chrome trace (chrome://tracing, ui.perfetto.dev)")
+    @argument("--trace", metavar="PATH",
+              help="also run torch.profiler and write its Chrome trace with the device's lanes "
+                   "(ui.perfetto.dev, TensorBoard, Holistic Trace Analysis)")
     @argument("--parquet", metavar="PATH", help="write every launch record as Parquet (needs pyarrow)")
     @argument("--explain", action="store_true",
               help="explain the cell: new graphs, recompiles, syncs and inline ops, with their lines")
@@ -67,12 +69,14 @@ class NeuronMagics(Magics):
         """Profiles the cell on the neuron device and shows the op/graph table.
 
         The cell runs in the notebook's namespace; its last expression is still
-        displayed. Then come the table (HTML in notebooks, text in terminals), the
-        timeline and memory figures when asked, and the explanation with --explain.
+        displayed. Then come the table (HTML in notebooks, text in terminals) with the
+        emulated and the modelled NeuronCore time, the interactive timeline and the memory
+        figure when asked, and the explanation with --explain. The cell's per-cell line ends
+        with the profiled code: the profiler's own work and the rendering are not billed to it.
 
         Plain-Python twin::
 
-            with neuron_lab.profiler.profile() as prof:
+            with neuron_lab.profiler.profile(torch_profiler=bool(path)) as prof:
                 ...
             prof.table(sort_by="device_time", top=20); prof.timeline(); prof.explain()
             prof.export_chrome_trace(path); prof.export_parquet(path)
@@ -98,15 +102,23 @@ class NeuronMagics(Magics):
         import neuron_lab.profiler as profiler
 
         prof = None
+        late_error: Optional[BaseException] = None
         try:
-            with profiler.profile() as prof:
-                value = self._run_body(line, cell)
+            with profiler.profile(torch_profiler=trace is not None) as prof:
+                try:
+                    value = self._run_body(line, cell)
+                finally:
+                    # The cell's line ends with the profiled code: what follows (the profiler's
+                    # processing, the tables and pictures) is not the cell's.
+                    late_error = self.timer.end_measurement()
         finally:
             if args.output is not None and prof is not None:  # kept when the cell fails, too
                 self.shell.user_ns[args.output] = prof
+        if late_error is not None:  # the cell's device work failed: its error, after the profile is kept
+            raise late_error.with_traceback(None)
         display(prof.table(sort_by=args.sort, top=args.top))
         if args.timeline:
-            display(self._figure(prof.timeline(), "neuron launch timeline"))
+            display(prof.timeline())
         if args.memory:
             display(self._figure(prof.memory_timeline(), "neuron memory timeline"))
         if args.explain:
