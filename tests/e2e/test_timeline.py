@@ -45,16 +45,19 @@ RUN_ALL_DONE_JS = """
   const prompts = [...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')];
   return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent)) && !!kernel && kernel.status === 'idle';
 }"""
-# The first bar that is an op inside a graph (nested), and where it is on the screen.
+# The longest op inside a graph (a nested bar), shown in the middle third of the view (zoom=true)
+# or as it is, and where it is on the screen.
 OP_BAR_JS = """
-(root) => {
+([root, zoom]) => {
   const api = root.neuronTimeline;
+  let best = -1;
   for (let i = 0; i < api.bars; i++) {
-    const c = api.barCenter(i);
-    const r = root.querySelector('canvas').getBoundingClientRect();
-    if (api.isOp(i) && c.x > r.left + 1 && c.x < r.right - 1) return Object.assign({index: i}, c);
+    if (api.isOp(i) && (best < 0 || api.barTime(i)[1] > api.barTime(best)[1])) best = i;
   }
-  return null;
+  if (best < 0) return null;
+  const [start, duration] = api.barTime(best);
+  if (zoom) api.setView(start - duration, start + 2 * duration);
+  return Object.assign({index: best}, api.barCenter(best));
 }"""
 
 
@@ -79,8 +82,7 @@ def check_widget(page, root, where: str) -> None:
     page.mouse.up()
     panned = [float(root.get_attribute(a)) for a in ("data-view-start", "data-view-end")]
     assert panned[0] > zoomed[0] and panned[1] - panned[0] == pytest.approx(zoomed[1] - zoomed[0], rel=1e-6), where
-    page.evaluate("(root) => root.neuronTimeline.setView(0, Number(root.dataset.viewEnd) / 4)", root.element_handle())
-    target = page.evaluate(OP_BAR_JS, root.element_handle())
+    target = page.evaluate(OP_BAR_JS, [root.element_handle(), True])
     assert target is not None, f"{where}: no op bar on screen"
     page.mouse.move(target["x"], target["y"])
     tip = root.locator(".neuron-timeline-tip")
@@ -115,9 +117,15 @@ def test_the_timeline_zooms_pans_and_hovers_in_jupyterlab_and_saved_html(page, j
     expect(root).to_have_count(1)
     root.scroll_into_view_if_needed()
     check_widget(page, root, "JupyterLab")
-    page.evaluate("(root) => root.neuronTimeline.setView(0, Number(root.dataset.viewEnd) * 4)", root.element_handle())
-    page.mouse.move(0, 0)
-    root.screenshot(path=str(artifacts_dir / "timeline.png"))
+    # The picture: the whole profile, an op hovered.
+    page.evaluate("(root) => root.neuronTimeline.setView(0, 1e12)", root.element_handle())
+    target = page.evaluate(OP_BAR_JS, [root.element_handle(), False])
+    page.mouse.move(target["x"], target["y"])
+    expect(root.locator(".neuron-timeline-tip")).to_be_visible()
+    box, tip = root.bounding_box(), root.locator(".neuron-timeline-tip").bounding_box()
+    bottom = max(box["y"] + box["height"], tip["y"] + tip["height"]) + 4  # the tooltip may hang below
+    page.screenshot(path=str(artifacts_dir / "timeline.png"),
+                    clip={"x": box["x"], "y": box["y"], "width": box["width"], "height": bottom - box["y"]})
 
     # The saved page: offline, from a file:// URL.
     saved = jupyter_server.root_dir / "timeline.html"

@@ -159,10 +159,15 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
     }
   }
 
-  // What every device activity of a launch says about it.
-  void describe_launch(GenericTraceActivity& a, const trace::LaunchRecord& l, const trace::ProfileNotes& notes) {
-    a.addMetadata("device", l.device);
-    a.addMetadata("stream", l.stream);
+  // What every device activity of a launch says about it. Kernels name their device and stream
+  // in their args, as CUDA's do (Holistic Trace Analysis counts what has a stream as a kernel);
+  // a graph's span, which holds its ops' kernels, does not.
+  void describe_launch(GenericTraceActivity& a, const trace::LaunchRecord& l, const trace::ProfileNotes& notes,
+                       bool kernel = true) {
+    if (kernel) {
+      a.addMetadata("device", l.device);
+      a.addMetadata("stream", l.stream);
+    }
     a.addMetadataQuoted("launch", l.kind);
     if (l.graph_id >= 0) a.addMetadata("graph", l.graph_id);
     const char* tier = trace::tier_name(l.tier.load());
@@ -241,7 +246,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
       // The graph's span, and a kernel per op laid end to end in the order they ran.
       auto& span = device_activity(ActivityType::GPU_USER_ANNOTATION, "graph " + std::to_string(l.graph_id) + " (" +
                                        std::to_string(l.n_ops) + " ops)", l, start, duration, launch_id);
-      describe_launch(span, l, notes);
+      describe_launch(span, l, notes, /*kernel=*/false);
       if (!where.empty()) span.addMetadataQuoted("source", json_safe(where));
       if (launch_on_host != nullptr) flow(*launch_on_host, span, static_cast<uint32_t>(launch_id));
       int64_t at = start;
@@ -254,7 +259,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
     }
     if (l.kind == "wait") {
       auto& wait = device_activity(ActivityType::GPU_USER_ANNOTATION, "stream wait", l, start, duration, launch_id);
-      describe_launch(wait, l, notes);
+      describe_launch(wait, l, notes, /*kernel=*/false);
       if (launch_on_host != nullptr) flow(*launch_on_host, wait, static_cast<uint32_t>(launch_id));
       return;
     }

@@ -8,7 +8,8 @@
 // Times are microseconds from the profile's start. Wheel or +/- zooms around the pointer,
 // dragging pans, double click (or "reset") shows everything; hovering a bar shows its tip.
 // The element's dataset carries the visible window (viewStart, viewEnd) and the hovered
-// bar's index (hover) for tests; element.neuronTimeline has barCenter(i), isOp(i), zoom(f), setView(a, b).
+// bar's index (hover) for tests; element.neuronTimeline has barCenter(i),
+// barTime(i), isOp(i), zoom(f), setView(a, b).
 (function () {
   "use strict";
   var LANE_H = 22, LABEL_W = 150, AXIS_H = 22, PAD = 6, MEM_H = 44;
@@ -206,7 +207,10 @@
       var left = ev.clientX - r.left + 14;
       if (left + tip.offsetWidth > r.width) left = Math.max(0, ev.clientX - r.left - tip.offsetWidth - 14);
       tip.style.left = left + "px";
-      tip.style.top = (ev.clientY - r.top + 14) + "px";
+      // Inside the widget (notebook outputs clip what hangs out): below the pointer, else above it.
+      var top = ev.clientY - r.top + 14;
+      if (top + tip.offsetHeight > r.height) top = Math.max(0, ev.clientY - r.top - tip.offsetHeight - 10);
+      tip.style.top = top + "px";
     }
 
     var dragging = null;
@@ -252,6 +256,7 @@
         return {x: r.left + box.x + box.w / 2, y: r.top + box.y + box.h / 2};
       },
       isOp: function (i) { return !!bars[i][5]; },
+      barTime: function (i) { return [bars[i][1], bars[i][2]]; },
       bars: bars.length
     };
     if (window.ResizeObserver) new ResizeObserver(function () { draw(); }).observe(canvas);
