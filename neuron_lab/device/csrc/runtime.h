@@ -10,6 +10,7 @@
 //   random_kernels.cpp  random ops that draw from the core's generator (native_dropout), and
 //                  dropout's fused pointwise ops (neuron::dropout_apply, neuron::masked_scale)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   composite_routes.cpp  ops that run their CPU kernel, not their composite decomposition
 //   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
 //   small_arith.cpp   add, sub and mul of small operands with ATen's bits (small_arith.h)
 //   dense_cat.cpp     cat of small row-major tensors as block copies (dense_cat.h)
