@@ -37,11 +37,21 @@ def same_bits(device_tensor: torch.Tensor, cpu_tensor: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a, b)
 
 
+def _in_inference_mode(make):
+    with torch.inference_mode():
+        return make().clone()
+
+
 CREATORS = {
     "empty": lambda device, dtype: torch.empty(2, 3, dtype=dtype, device=device),
     "empty_strided": lambda device, dtype: torch.empty_strided((2, 3), (1, 2), dtype=dtype, device=device),
     "empty_like": lambda device, dtype: torch.empty_like(torch.zeros(4, dtype=dtype, device=device)),
     "new_empty": lambda device, dtype: torch.zeros(1, dtype=dtype, device=device).new_empty((5,)),
+    "new_empty_strided": lambda device, dtype: torch.zeros(1, dtype=dtype, device=device).new_empty_strided(
+        (2, 2), (1, 2)),
+    "empty_permuted": lambda device, dtype: torch.empty_permuted((2, 3, 2), (2, 0, 1), dtype=dtype, device=device),
+    "empty_like in inference mode": lambda device, dtype: _in_inference_mode(
+        lambda: torch.empty_like(torch.zeros(4, dtype=dtype, device=device))),
     "empty_channels_last": lambda device, dtype: torch.empty(
         1, 2, 2, 2, dtype=dtype, device=device, memory_format=torch.channels_last),
 }
@@ -65,4 +75,5 @@ def test_resize_fills_the_memory_it_grows(dtype, mode: str, fill_uninitialized) 
     assert same_bits(got, expected)
     # Memory the tensor already had keeps its values.
     assert not got[:2].cpu().any()
+
 

@@ -7,8 +7,6 @@
 #include "interceptor.h"
 
 #include <ATen/EmptyTensor.h>
-#include <ATen/native/ResizeCommon.h>
-#include <ATen/native/TensorFactories.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_local_scalar_dense_ops.h>
@@ -49,20 +47,6 @@ void check_creation_options(std::optional<c10::Layout> layout, std::optional<boo
                               "got layout ", *layout, "; create the tensor on the CPU instead");
   TORCH_CHECK(!pin_memory.value_or(false),
               "neuron: only CPU tensors can be pinned; drop pin_memory=True for neuron tensors");
-}
-
-// Deterministic mode with torch.utils.deterministic.fill_uninitialized_memory: new memory
-// holds NaN (floating and complex) or the largest value (integers, bool), as the CPU's and
-// CUDA's empty kernels fill it. The fill is an op like any other (recorded on a pending
-// tensor, as the op that writes it would be).
-bool fills_uninitialized_memory() {
-  const auto& context = at::globalContext();
-  return context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
-}
-
-at::Tensor filled_if_deterministic(at::Tensor t) {
-  if (C10_UNLIKELY(fills_uninitialized_memory())) at::native::fill_empty_deterministic_(t);
-  return t;
 }
 
 at::Tensor empty_unfilled(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -297,7 +281,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   grow_storage_for(self.storage(), sizes, strides, self.dtype().itemsize(), self.storage_offset());
   self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
-  if (C10_UNLIKELY(fills_uninitialized_memory())) at::native::fill_resize_deterministic_(self, old_nbytes);
+  fill_grown_if_deterministic(self, old_nbytes);
   return self;
 }
 
