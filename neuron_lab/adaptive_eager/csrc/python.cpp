@@ -99,6 +99,12 @@ void register_bindings(py::module& m) {
     d["inline_by_op"] = c.inline_by_op;
     return d;
   });
+  m.def("ops_checked_at_first_call", []() { return ops_checked_at_first_call(); },
+        "Ops (schema names) whose meta kernel misses argument checks of their CPU kernel: the first "
+        "call of each signature runs at once, so that those checks raise at the op.");
+  m.def("set_ops_checked_at_first_call",
+        [](const std::vector<std::string>& names) { set_ops_checked_at_first_call(names); }, py::arg("names"),
+        "Replaces the list (tests check that each entry is still needed).");
   m.def("reset_counters", []() { counters().reset(); });
   m.def("forget_repeats", []() { repeats().reset(); },
         "Forgets whether recent graphs repeated: recording resumes at once.");

@@ -255,12 +255,19 @@ thread_local std::optional<Lesson> tl_lesson;
 
 }  // namespace
 
+bool call_signature(std::string& key, const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                    size_t n) {
+  put(key, static_cast<const void*>(&op.schema()));
+  for (size_t i = 0; i < n; ++i) {
+    if (!put_value(key, args[i], cls.float_values_free)) return false;
+  }
+  return true;
+}
+
 MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n) {
   thread_local std::string key;  // reused: no allocation per op once it has grown
   key.clear();
-  put(key, static_cast<const void*>(&op.schema()));
-  bool cacheable = true;
-  for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i], cls.float_values_free);
+  const bool cacheable = call_signature(key, op, cls, args, n);
   if (cacheable) {
     if (auto known = meta_cache().find(key)) return known;
   }
