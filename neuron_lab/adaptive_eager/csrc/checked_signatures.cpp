@@ -1,26 +1,33 @@
-// Argument checks raise at the op: the first call of each signature of some ops runs at once.
+// Ops whose meta kernel disagrees with their CPU kernel: the first call of each signature
+// runs at once.
 //
 // A recorded op gets its results' metadata from its meta kernel and runs later, on the
-// device thread. A check that the CPU kernel makes and the meta kernel does not (the
-// size of fractional_max_pool2d's _random_samples, the dtype of complex's out=, whether
-// masked_fill's value fits the tensor's dtype, whether take's out= overlaps its input)
-// would then raise at a later, unrelated op, where CUDA raises it on the host, at the op.
-// Such checks depend on the call's signature alone (dtypes, sizes, strides, how the
-// arguments alias each other, the values of non-tensor arguments): so the first call of
-// each signature of such an op runs at once, where the CPU kernel's checks raise at the
-// op, and only a signature the CPU kernel has accepted is recorded. Checks on tensor
-// values (an index out of range) raise later, as CUDA's device-side asserts do.
+// device thread. Where the meta kernel and the CPU kernel disagree, that goes wrong:
+// * a check the CPU kernel makes and the meta kernel does not (the size of
+//   fractional_max_pool2d's _random_samples, the dtype of complex's out=, whether take's
+//   out= overlaps its input) raises at a later, unrelated op, where CUDA raises it on the
+//   host, at the op;
+// * a result whose metadata the meta kernel gets wrong (the size of mkldnn_rnn_layer's
+//   workspace; the strides of linalg_eig's eigenvectors, column-major on the CPU) fails at
+//   its launch, or has other strides than the CPU's, so that later ops round differently.
+// Both depend on the call's signature alone (dtypes, sizes, strides, how the arguments
+// alias each other, the values of non-tensor arguments): so the first call of each
+// signature of such an op runs at once, where the CPU kernel's checks raise at the op and
+// its results teach the recorder their metadata; only a signature the CPU kernel has
+// accepted is recorded, with the metadata the CPU kernel gave. Checks on tensor values (an
+// index out of range) raise later, as CUDA's device-side asserts do.
 //
-// Which ops: those whose meta kernel misses a check of their CPU kernel. Every op would be
-// exact, but would also run the first call of every new shape at once (a loop whose shapes
-// grow would never be recorded); tests/test_opinfo_errors.py sweeps PyTorch's error
-// inputs in every mode, fails on an error raised late, and checks that each entry is still
-// needed.
+// Which ops: a list. Every op would be exact, but would also run the first call of every
+// new shape at once (a loop whose shapes grow would never be recorded).
+// tests/test_opinfo_errors.py (PyTorch's error inputs, in every mode) and
+// tests/test_bitwise.py (results' bits and strides) fail on a new member, and check that
+// each entry is still needed.
 #include "adaptive_eager.h"
 
 #include <c10/util/TypeCast.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -132,6 +139,10 @@ class CheckedSet {
     if (keys_.size() > kMaxEntries) keys_.clear();
     keys_.insert(std::move(key));
   }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    keys_.clear();
+  }
 
  private:
   static constexpr size_t kMaxEntries = 100000;
@@ -151,30 +162,31 @@ struct Unchecked {
 };
 thread_local std::optional<Unchecked> tl_unchecked;
 
-// Ops (schema names, every overload) whose CPU kernel checks arguments their meta kernel
-// accepts (torch 2.13).
-const std::vector<std::string>& default_ops() {
-  static const auto* names = new std::vector<std::string>{
-      "aten::complex",                                    // out='s dtype, the parts' dtypes
-      "aten::masked_scatter_",                            // a boolean mask
-      "aten::aminmax",                                    // out='s dtype
-      "aten::gelu",                                       // the approximation's name
-      "aten::take",                                       // out= overlapping the input or itself
-      "aten::gather",                                     // out= overlapping the input or itself
-      "aten::bucketize",                                  // 1-D boundaries
-      "aten::fractional_max_pool2d",                      // _random_samples' size
-      "aten::fractional_max_pool3d",                      // _random_samples' size
+// Ops (schema names, every overload) whose meta kernel disagrees with their CPU kernel
+// (torch 2.13), and how.
+const std::vector<std::pair<std::string, std::string>>& default_ops() {
+  static const auto* ops = new std::vector<std::pair<std::string, std::string>>{
+      {"aten::complex", "check: out='s dtype, the parts' dtypes"},
+      {"aten::masked_scatter_", "check: a boolean mask"},
+      {"aten::aminmax", "check: out='s dtype"},
+      {"aten::gelu", "check: the approximation's name"},
+      {"aten::take", "check: out= overlapping the input or itself"},
+      {"aten::gather", "check: out= overlapping the input or itself"},
+      {"aten::bucketize", "check: 1-D boundaries"},
+      {"aten::fractional_max_pool2d", "check: _random_samples' size"},
+      {"aten::fractional_max_pool3d", "check: _random_samples' size"},
+      {"aten::mkldnn_rnn_layer", "metadata: the size of the workspace result"},
   };
-  return *names;
+  return *ops;
 }
 
 std::mutex& ops_mutex() {
   static auto* m = new std::mutex();
   return *m;
 }
-std::unordered_set<std::string>& ops() {
-  static auto* set = new std::unordered_set<std::string>(default_ops().begin(), default_ops().end());
-  return *set;
+std::unordered_map<std::string, std::string>& ops() {
+  static auto* map = new std::unordered_map<std::string, std::string>(default_ops().begin(), default_ops().end());
+  return *map;
 }
 std::atomic<uint64_t> g_ops_version{1};
 
@@ -222,19 +234,18 @@ bool numbers_fit(const c10::OperatorHandle& op, const c10::IValue* args, size_t 
   return true;
 }
 
-std::vector<std::string> ops_checked_at_first_call() {
+std::map<std::string, std::string> ops_checked_at_first_call() {
   std::lock_guard<std::mutex> lock(ops_mutex());
-  std::vector<std::string> out(ops().begin(), ops().end());
-  std::sort(out.begin(), out.end());
-  return out;
+  return {ops().begin(), ops().end()};
 }
 
-void set_ops_checked_at_first_call(const std::vector<std::string>& names) {
+void set_ops_checked_at_first_call(const std::map<std::string, std::string>& ops_and_why) {
   {
     std::lock_guard<std::mutex> lock(ops_mutex());
-    ops() = std::unordered_set<std::string>(names.begin(), names.end());
+    ops() = std::unordered_map<std::string, std::string>(ops_and_why.begin(), ops_and_why.end());
   }
   g_ops_version.fetch_add(1, std::memory_order_acq_rel);
+  checked().clear();  // what was recorded with another list's metadata is checked again
 }
 
 bool signature_checked(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n) {
@@ -247,6 +258,7 @@ bool signature_checked(const c10::OperatorHandle& op, const OpClass& cls, const 
   if (!keyed) return false;  // runs at once every time: nothing to remember it by
   if (checked().contains(key)) return true;
   tl_unchecked = Unchecked{key, &op.schema()};
+  learn_metadata_at_this_run(op, cls, args, n);  // the run at once teaches its results' metadata
   return false;
 }
 
@@ -258,5 +270,7 @@ void note_checked_run(const c10::OperatorHandle& op) {
 }
 
 void forget_unchecked() { tl_unchecked.reset(); }
+
+void forget_checked_signatures() { checked().clear(); }
 
 }  // namespace neuron::lazy

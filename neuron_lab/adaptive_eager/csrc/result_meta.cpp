@@ -210,7 +210,10 @@ class MetaCache {
   }
   void remember(std::string key, MetaPtr result) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() > kMaxEntries) entries_.clear();
+    if (entries_.size() > kMaxEntries) {
+      entries_.clear();
+      forget_checked_signatures();  // their learned metadata is gone with it
+    }
     entries_.insert_or_assign(std::move(key), std::move(result));
   }
 
@@ -291,6 +294,18 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
 }
 
 void forget_lesson() { tl_lesson.reset(); }
+
+void learn_metadata_at_this_run(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                                size_t n) {
+  Lesson lesson{{}, &op.schema(), {}};
+  if (!call_signature(lesson.key, op, cls, args, n)) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (cls.write_arg[i] && args[i].isTensor() && args[i].toTensor().defined()) {
+      lesson.written_sizes.emplace_back(i, args[i].toTensor().sizes().vec());
+    }
+  }
+  tl_lesson = std::move(lesson);
+}
 
 void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   if (!tl_lesson.has_value()) return;

@@ -12,6 +12,7 @@
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
 //   composite_routes.cpp  ops that run their CPU kernel, not their composite decomposition
 //   uninitialized_fill.cpp  deterministic mode's NaN / max fill of new memory, as on the CPU
+//   rnn_as_on_cpu.cpp  nn.LSTM / GRU / RNN and their cells take the CPU's path (oneDNN or plain ops)
 //   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
 //   small_arith.cpp   add, sub and mul of small operands with ATen's bits (small_arith.h)
 //   dense_cat.cpp     cat of small row-major tensors as block copies (dense_cat.h)
