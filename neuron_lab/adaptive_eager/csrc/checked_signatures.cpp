@@ -176,6 +176,7 @@ const std::vector<std::pair<std::string, std::string>>& default_ops() {
       {"aten::fractional_max_pool2d", "check: _random_samples' size"},
       {"aten::fractional_max_pool3d", "check: _random_samples' size"},
       {"aten::mkldnn_rnn_layer", "metadata: the size of the workspace result"},
+      {"aten::linalg_eig", "metadata: the eigenvectors' strides (column-major on the CPU)"},
   };
   return *ops;
 }
