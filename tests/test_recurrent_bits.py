@@ -163,6 +163,24 @@ def test_the_device_runs_the_cpus_ops_in_the_cpus_order(name: str) -> None:
     assert len(cpu_ops) == len(dev_ops)
 
 
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU, nn.RNN], ids=lambda k: k.__name__)
+def test_dropout_between_layers_draws_the_cpus_numbers(kind, mode: str) -> None:
+    """In training, dropout between layers: the device's generator draws what the CPU's does
+    (its dropout kernel differs from the CPU's composite, so the op sequences differ)."""
+    torch.manual_seed(0)
+    ref = kind(5, 4, num_layers=3, dropout=0.3)
+    dev = copy.deepcopy(ref).to("neuron")
+    x = torch.randn(6, 3, 5)
+    results = []
+    for module, device in ((ref, "cpu"), (dev, "neuron")):
+        torch.manual_seed(1)
+        out = module(x.to(device).requires_grad_())[0]
+        out.sum().backward()
+        results.append([out, *(p.grad for p in module.parameters())])
+    for a, b in zip(*results):
+        assert same_bits(b, a)
+
+
 def test_half_precision_inference_takes_the_cpus_path(mode: str) -> None:
     torch.manual_seed(0)
     ref = nn.LSTM(5, 4, num_layers=2).half()
