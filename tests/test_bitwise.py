@@ -82,7 +82,19 @@ def _lstm_runs(device: str):
     return lstm(torch.zeros(2, 1, 3, device=device))[0].shape
 
 
-METADATA_PROBES = {"aten::linalg_eig": _eig_strides, "aten::mkldnn_rnn_layer": _lstm_runs}
+def _unpool_strides(device: str):
+    x = torch.randn(1, 3, 4, 6, generator=torch.Generator().manual_seed(0)).to(device)
+    pooled, indices = torch.nn.functional.max_pool2d(x.to(memory_format=torch.channels_last), 2, return_indices=True)
+    return torch.nn.functional.max_unpool2d(pooled, indices, 2).stride()
+
+
+def _nonzero_static_strides(device: str):
+    x = (torch.arange(70.0).reshape(2, 5, 7) % 3).to(device)
+    return torch.nonzero_static(x, size=13).stride()
+
+
+METADATA_PROBES = {"aten::linalg_eig": _eig_strides, "aten::mkldnn_rnn_layer": _lstm_runs,
+                   "aten::max_unpool2d": _unpool_strides, "aten::nonzero_static": _nonzero_static_strides}
 
 
 def test_every_op_learned_from_the_cpu_kernel_is_still_needed() -> None:

@@ -229,3 +229,19 @@ def test_an_lstm_language_model_trains_as_on_the_cpu(mode: str) -> None:
     for kind, cpu_values, dev_values in zip(("loss", "gradient", "parameter"), runs["cpu"], runs["neuron"]):
         for i, (a, b) in enumerate(zip(cpu_values, dev_values)):
             assert same_bits(b, a), f"{kind} {i} differs from the CPU's"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kind", [nn.LSTM, nn.GRU], ids=lambda k: k.__name__)
+def test_under_autocast_the_layer_runs_in_the_low_precision_dtype(kind, dtype, mode: str) -> None:
+    """As CUDA casts its cuDNN RNN's arguments: the result is the CPU's for the layer and its
+    input in the autocast dtype."""
+    torch.manual_seed(0)
+    ref = kind(5, 4, num_layers=2)
+    dev = copy.deepcopy(ref).to("neuron")
+    x = torch.randn(6, 3, 5)
+    with torch.autocast("neuron", dtype=dtype):
+        got = dev(x.to("neuron"))[0]
+    expected = copy.deepcopy(ref).to(dtype)(x.to(dtype))[0]
+    assert got.dtype == dtype
+    assert same_bits(got, expected)

@@ -177,6 +177,8 @@ const std::vector<std::pair<std::string, std::string>>& default_ops() {
       {"aten::fractional_max_pool3d", "check: _random_samples' size"},
       {"aten::mkldnn_rnn_layer", "metadata: the size of the workspace result"},
       {"aten::linalg_eig", "metadata: the eigenvectors' strides (column-major on the CPU)"},
+      {"aten::max_unpool2d", "metadata: a channels-last input's result strides (channels-last on the CPU)"},
+      {"aten::nonzero_static", "metadata: the result's strides (row-major on the CPU)"},
   };
   return *ops;
 }
