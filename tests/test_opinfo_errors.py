@@ -262,3 +262,24 @@ def test_a_number_that_overflows_the_dtype_raises_at_the_op(case: str, mode: str
             ae.forget_repeats()
             call("neuron", 2.0)
         assert raised_where(lambda d: call(d, 1e300)) == "op"
+
+
+def test_numbers_that_fit_their_tensor_are_recorded() -> None:
+    """The overflow rule looks at the tensor a number goes into (not a bool mask): -inf as
+    where's or masked_fill's value, a large clamp bound, are recorded as usual."""
+    with neuron_lab.mode("adaptive"):
+        x = torch.randn(8, device="neuron")
+        mask = x > 0
+        calls = [lambda: torch.where(mask, x, float("-inf")), lambda: x.masked_fill(mask, float("-inf")),
+                 lambda: x.clamp(min=-1e30), lambda: torch.where(mask, x, -1e9)]
+        for _ in range(3):  # first calls: signatures checked or learned
+            for call in calls:
+                call()
+        torch.neuron.synchronize()
+        ae.forget_repeats()
+        ae.reset_counters()
+        for call in calls:
+            call()
+        recorded = ae.counters()["ops_recorded"]
+        torch.neuron.synchronize()
+    assert recorded >= len(calls), ae.counters()["inline_by_op"]

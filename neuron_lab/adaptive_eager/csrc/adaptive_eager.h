@@ -306,7 +306,8 @@ bool signature_checked(const c10::OperatorHandle& op, const OpClass& cls, const 
 void note_checked_run(const c10::OperatorHandle& op);
 // Drops what signature_checked left for the calling thread (a new op starts).
 void forget_unchecked();
-// Whether every number (Scalar) argument fits the dtype of the op's first tensor. Kernels
+// Whether every number (Scalar) argument fits the dtype of the tensor the op writes (else
+// its first tensor that is not a bool mask). Kernels
 // convert such numbers to their dtype with a check that meta kernels lack (threshold, elu,
 // full, masked_fill_ raise on a value that overflows it): a call with one that does not fit
 // runs at once, where the CPU kernel raises or not, at the op.

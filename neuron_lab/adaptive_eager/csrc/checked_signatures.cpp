@@ -217,12 +217,20 @@ bool checks_beyond_meta(const c10::OperatorHandle& op) {
 
 bool numbers_fit(const c10::OperatorHandle& op, const c10::IValue* args, size_t n) {
   const auto& defs = op.schema().arguments();
-  const at::Tensor* first = nullptr;
-  for (size_t i = 0; i < n && first == nullptr; ++i) {
-    if (args[i].isTensor() && args[i].toTensor().defined()) first = &args[i].toTensor();
+  // The tensor the numbers go into: the one the op writes, else its first tensor that is no
+  // mask (where(condition, self, -inf) converts -inf to self's dtype, not to bool).
+  const at::Tensor* target = nullptr;
+  for (size_t i = 0; i < n && i < defs.size() && target == nullptr; ++i) {
+    const bool written = defs[i].alias_info() != nullptr && defs[i].alias_info()->isWrite();
+    if (written && args[i].isTensor() && args[i].toTensor().defined()) target = &args[i].toTensor();
   }
-  if (first == nullptr) return true;
-  const auto dtype = first->scalar_type();
+  for (size_t i = 0; i < n && target == nullptr; ++i) {
+    if (args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().scalar_type() != at::kBool) {
+      target = &args[i].toTensor();
+    }
+  }
+  if (target == nullptr) return true;
+  const auto dtype = target->scalar_type();
   for (size_t i = 0; i < n && i < defs.size(); ++i) {
     const c10::IValue& v = args[i];
     if (!v.isDouble() && !v.isInt() && !v.isComplexDouble()) continue;
