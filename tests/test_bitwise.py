@@ -65,7 +65,11 @@ def test_every_excluded_op_still_cannot_run_on_the_device() -> None:
 def test_every_op_the_cpu_does_not_reproduce_is_still_so(op_id: str) -> None:
     probe = support.CPU_NOT_REPRODUCIBLE_PROBES[op_id]
     first = probe()
-    differ = any(not torch.equal(probe(), first) for _ in range(400))
+    differ = False
+    for i in range(400):
+        shift = torch.empty(i % 17 + 1)  # its work buffers then start at other addresses
+        differ = differ or not torch.equal(probe(), first)
+        del shift
     assert differ, f"the CPU now reproduces {op_id}'s bits: remove it from CPU_NOT_REPRODUCIBLE"
 
 
