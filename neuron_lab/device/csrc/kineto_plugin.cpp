@@ -323,9 +323,11 @@ class DeviceActivityProfiler final : public libkineto::IActivityProfiler {
 
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<ActivityType>& activity_types,
                                                                  const libkineto::Config& config) override {
-    // Only traces that ask for the device's activities (ProfilerActivity.PrivateUse1).
-    const bool wanted = activity_types.count(ActivityType::PRIVATEUSE1_RUNTIME) > 0 ||
-                        activity_types.count(ActivityType::CONCURRENT_KERNEL) > 0;
+    // Only traces that ask for the device's activities (ProfilerActivity.PrivateUse1). Torch
+    // puts PRIVATEUSE1_RUNTIME in its CPU types too, so a CPU-only trace asks for it: only the
+    // device-side types (kernels, annotations on the device) tell that the device was asked for.
+    const bool wanted = activity_types.count(ActivityType::CONCURRENT_KERNEL) > 0 ||
+                        activity_types.count(ActivityType::GPU_USER_ANNOTATION) > 0;
     if (!wanted) return nullptr;
     return std::make_unique<DeviceSession>();
   }
