@@ -6,6 +6,7 @@ reads the trace; the profilers' own waits are never the user's."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -140,7 +141,12 @@ def test_a_profilers_own_waits_are_never_the_users():
 
 
 def test_holistic_trace_analysis_reads_the_trace(tmp_path):
-    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis is in the test extra")
+    try:
+        import hta.trace_analysis as hta
+    except ImportError as error:  # in the test extra: CI (CI set) installs it, so there it must be
+        if os.environ.get("CI"):
+            pytest.fail(f"HolisticTraceAnalysis is in the test extra but does not import: {error}", pytrace=False)
+        pytest.skip("HolisticTraceAnalysis is not installed (pip install -e '.[test]')")
     x = torch.randn(96, 96, device="neuron")
     torch.neuron.synchronize()
     with profile(activities=ACTIVITIES) as prof:
