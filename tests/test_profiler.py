@@ -203,7 +203,10 @@ def test_chrome_trace_has_tracks_flows_and_counters(tmp_path):
     ends = {e["id"] for e in events if e["ph"] == "f"}
     assert starts == ends == {l.id for l in device_launches}
     slices = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
-    assert {e["tid"] for e in slices} == {0, side.stream_id}
+    assert {e["tid"] for e in slices if e["cat"] != "inline"} == {0, side.stream_id}
+    # Inline kernels (run on the host thread beside the stream) have a lane of their own.
+    lane_names = {tid: name for pid, tid, name in names if pid == 1}
+    assert all(lane_names[e["tid"]].endswith("inline (host thread)") for e in slices if e["cat"] == "inline")
     assert any(e["ph"] == "C" and e["name"] == "memory" for e in events)
     assert any(e["ph"] == "C" and e["name"] == "launches in flight" for e in events)
     assert any(e["ph"] == "X" and e.get("cat") == "sync" for e in events)

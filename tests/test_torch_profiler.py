@@ -104,6 +104,65 @@ def test_two_cores_and_two_streams_get_lanes_of_their_own(tmp_path):
     assert processes[0] == "neuron:0" and processes[1] == "neuron:1"
 
 
+def inline_beside_a_graph(x: torch.Tensor) -> float:
+    """Reads a value whose work is done (.item(): an inline kernel on the host thread) while a
+    long graph still runs on the stream."""
+    done = x.sum()
+    torch.neuron.synchronize()
+    y = x
+    for _ in range(30):
+        y = y @ x
+    y.sum()  # pending work, launched by the next read
+    value = done.item()
+    y.sum().item()
+    return value
+
+
+def assert_lanes_run_in_order(events: list[dict], category: str, kind_of) -> None:
+    """Each lane's spans of ``category`` never overlap; inline kernels have lanes of their own."""
+    spans = [e for e in events if e.get("ph") == "X" and e.get("cat") == category]
+    inline = [e for e in spans if kind_of(e) == "inline"]
+    graphs = [e for e in spans if kind_of(e) == "graph"]
+    assert inline and graphs, sorted({(e["name"], kind_of(e)) for e in spans})
+    lanes: dict = {}
+    for e in spans:
+        lanes.setdefault((e["pid"], e["tid"]), []).append(e)
+    for lane, on_lane in lanes.items():
+        on_lane.sort(key=lambda e: e["ts"])
+        for a, b in zip(on_lane, on_lane[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-3, (lane, a["name"], a["ts"], a["dur"], b["name"], b["ts"])
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert all(names[(e["pid"], e["tid"])] == "stream 0 inline (host thread)" for e in inline), names
+    assert all(names[(e["pid"], e["tid"])] == "stream 0" for e in graphs), names
+
+
+def test_a_lane_runs_in_order_even_with_an_inline_kernel_beside_a_graph(tmp_path):
+    # Tools read a lane as one stream's kernels in order (Holistic Trace Analysis's idle time
+    # went negative when an inline kernel sat on the stream's lane beside a running graph).
+    x = torch.randn(128, 128, device="neuron") / 128**0.5
+    with neuron_lab.mode("adaptive"):
+        with profile(activities=ACTIVITIES) as prof:
+            value = inline_beside_a_graph(x)
+        with neuron_lab.profiler.profile() as own:
+            inline_beside_a_graph(x)
+    assert value == pytest.approx(x.cpu().sum().item(), rel=1e-4)
+    prof.export_chrome_trace(str(tmp_path / "torch.json"))
+    events = json.loads((tmp_path / "torch.json").read_text())["traceEvents"]
+    assert_lanes_run_in_order(events, "kernel", lambda e: e["args"].get("launch"))
+    # "stream" in a kernel's args is the stream it ran in order on (what HTA reads): none inline.
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    assert all(e["args"]["inline for stream"] == 0 and "stream" not in e["args"]
+               for e in kernels if e["args"]["launch"] == "inline")
+    assert all(e["args"]["stream"] == 0 for e in kernels if e["args"]["launch"] == "graph")
+    # neuron_lab.profiler's own trace: launches, one span each.
+    own_events = json.loads(own.export_chrome_trace(tmp_path / "own.json").read_text())["traceEvents"]
+    spans = [e for e in own_events if e.get("ph") == "X" and e.get("cat") in ("graph", "inline")]
+    for e in spans:
+        e["args"]["kind_of_launch"] = e["cat"]
+        e["cat"] = "launch span"
+    assert_lanes_run_in_order(own_events, "launch span", lambda e: e["args"]["kind_of_launch"])
+
+
 def test_profile_with_torch_profiler_gives_key_averages_and_its_trace(tmp_path):
     x = torch.randn(48, 48, device="neuron")
     torch.neuron.synchronize()

@@ -19,6 +19,7 @@ from neuron_lab.observability.records import format_source
 
 if TYPE_CHECKING:
     from neuron_lab.observability.profiler import Profile
+    from neuron_lab.observability.records import Launch
 
 __all__ = ["chrome_trace", "write_chrome_trace", "launch_table", "op_table", "write_csv", "write_parquet",
            "LAUNCH_COLUMNS", "OP_COLUMNS"]
@@ -31,6 +32,22 @@ HOST_TID, COMPILER_TID, COLLECTIVES_TID = 0, 1, 2
 
 def _device_pid(device: int) -> int:
     return 1 + device
+
+
+# An inline kernel runs on the host thread that asked for it, beside what its stream still runs
+# (a finished value read while a later graph runs): a lane of its own per stream, so that a
+# stream's lane holds only launches that ran one after another (as torch.profiler's trace does).
+_INLINE_LANE_BASE = 1 << 30
+
+
+def _lane(launch: "Launch") -> int:
+    return _INLINE_LANE_BASE + launch.stream if launch.kind == "inline" else launch.stream
+
+
+def _lane_name(lane: int) -> str:
+    if lane >= _INLINE_LANE_BASE:
+        return f"stream {lane - _INLINE_LANE_BASE} inline (host thread)"
+    return f"stream {lane}"
 
 
 def chrome_trace(profile: "Profile") -> dict:
@@ -54,11 +71,11 @@ def chrome_trace(profile: "Profile") -> dict:
                                 "group_size": c.group_size, "rank": c.rank, "device": c.device,
                                 "waiting_for_device_us": c.wait_ns / 1000.0}})
     devices = sorted({l.device for l in profile.launches} | {s.device for s in profile.memory})
-    streams = sorted({(l.device, l.stream) for l in profile.launches})
+    lanes = sorted({(l.device, _lane(l)) for l in profile.launches})
     for d in devices:
         meta(_device_pid(d), 0, "process_name", f"neuron:{d}")
-    for d, s in streams:
-        meta(_device_pid(d), s, "thread_name", f"stream {s}")
+    for d, lane in lanes:
+        meta(_device_pid(d), lane, "thread_name", _lane_name(lane))
 
     for l in profile.launches:
         args = {"kind": l.kind, "ops": l.n_ops, "graph_id": l.graph_id, "tier": l.tier, "status": l.status,
@@ -67,7 +84,7 @@ def chrome_trace(profile: "Profile") -> dict:
         if l.ops:
             args["op_names"] = [o.name for o in l.ops[:64]]
         if l.start_ns:
-            events.append({"ph": "X", "pid": _device_pid(l.device), "tid": l.stream, "name": l.label,
+            events.append({"ph": "X", "pid": _device_pid(l.device), "tid": _lane(l), "name": l.label,
                            "cat": l.kind, "ts": us(l.start_ns), "dur": max(l.device_ns / 1000.0, 0.001),
                            "args": args})
         if l.kind == "inline":

@@ -140,22 +140,34 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
     return *buffer_->activities.back();
   }
 
-  // A process per core and a thread per stream, named as users name them.
+  // An inline kernel runs on the host thread that asked for it, beside whatever its stream
+  // still runs (a value whose work is done is read while a later graph runs): a lane of its
+  // own per stream, so that a stream's lane holds only kernels that ran one after another
+  // (tools such as Holistic Trace Analysis read gaps between them as the stream's idle time).
+  static constexpr int64_t kInlineLaneBase = int64_t{1} << 30;
+  static int64_t lane_of(const trace::LaunchRecord& l) {
+    return l.kind == "inline" ? kInlineLaneBase + l.stream : l.stream;
+  }
+
+  // A process per core and a thread per stream (and per stream's inline kernels), named as
+  // users name them.
   void name_lanes(libkineto::ActivityLogger& logger, int64_t time) {
     std::set<int> cores;
     std::set<std::pair<int, int64_t>> streams;
     for (const auto& l : profile_.launches) {
       cores.insert(l->device);
-      streams.insert({l->device, l->stream});
+      streams.insert({l->device, lane_of(*l)});
     }
     for (int core : cores) {
       logger.handleDeviceInfo(libkineto::DeviceInfo{core, core + (1 << 24), "neuron:" + std::to_string(core),
                                                     "NeuronCore " + std::to_string(core)},
                               time);
     }
-    for (const auto& [core, stream] : streams) {
-      logger.handleResourceInfo(libkineto::ResourceInfo{stream, stream, core, "stream " + std::to_string(stream)},
-                                time);
+    for (const auto& [core, lane] : streams) {
+      const std::string name = lane >= kInlineLaneBase
+                                   ? "stream " + std::to_string(lane - kInlineLaneBase) + " inline (host thread)"
+                                   : "stream " + std::to_string(lane);
+      logger.handleResourceInfo(libkineto::ResourceInfo{lane, lane, core, name}, time);
     }
   }
 
@@ -166,7 +178,9 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
                        bool kernel = true) {
     if (kernel) {
       a.addMetadata("device", l.device);
-      a.addMetadata("stream", l.stream);
+      // An inline kernel is no stream's work (see lane_of): no "stream", which tools read as
+      // the stream it ran in order on, but the stream it ran for.
+      a.addMetadata(l.kind == "inline" ? "inline for stream" : "stream", l.stream);
     }
     a.addMetadataQuoted("launch", l.kind);
     if (l.graph_id >= 0) a.addMetadata("graph", l.graph_id);
@@ -213,7 +227,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
                                         int64_t start_ns, int64_t dur_ns, int32_t id) {
     auto& d = add(type, name);
     d.device = l.device;
-    d.resource = static_cast<int32_t>(l.stream);
+    d.resource = static_cast<int32_t>(lane_of(l));
     d.startTime = unix_ns(start_ns);
     d.endTime = d.startTime + std::max<int64_t>(dur_ns, 1);
     d.id = id;
