@@ -4,6 +4,7 @@ no downloads), forward + backward + AdamW, in the default (adaptive) mode, run
 - plain,
 - inside ``neuron_lab.profiler.profile()`` (the device's launch records),
 - inside ``torch.profiler.profile(activities=[CPU, PrivateUse1])`` (CPU ops + the device's lanes),
+- the same with ``record_shapes=True, profile_memory=True`` (what the next way asks torch for),
 - inside ``neuron_lab.profiler.profile(torch_profiler=True)`` (both: what ``%%neuron_profile --trace`` runs).
 
 Each block runs ``--steps`` training steps and ends with a ``loss.item()``; a profiled block also
@@ -39,6 +40,8 @@ WAYS = {
     "plain": contextlib.nullcontext,
     "neuron_lab.profiler": lambda: neuron_lab.profiler.profile(),
     "torch.profiler (CPU + PrivateUse1)": lambda: torch.profiler.profile(activities=ACTIVITIES),
+    "torch.profiler (CPU + PrivateUse1, shapes, memory)": lambda: torch.profiler.profile(
+        activities=ACTIVITIES, record_shapes=True, profile_memory=True),
     "neuron_lab.profiler(torch_profiler=True)": lambda: neuron_lab.profiler.profile(torch_profiler=True),
 }
 
