@@ -4,6 +4,7 @@
 - ``metrics``: the always-on counters and timing distributions report
 - ``explain``: a diagnosis of a region (time split, recompiles, syncs, inline ops)
 - ``records``: the raw launches, events and memory samples
+- ``compare``: which op's numbers leave a reference (the CPU, the replay tier, float32)
 - torch.profiler sees neuron launches by itself (ranges named ``neuron: graph N``)
 
 Memory snapshots for PyTorch's memory visualizer live in ``torch.neuron.memory``.
