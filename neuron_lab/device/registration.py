@@ -57,13 +57,20 @@ def is_registered() -> bool:
 def _library_prefixes() -> list[str]:
     """Where library code lives (torch, neuron_lab, the standard library): the user's line
     of an op, a launch or a wait is the first frame outside them."""
+    import importlib.util
     import os
     import sysconfig
 
     import torch
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # neuron_lab/
-    return [os.path.dirname(torch.__file__) + os.sep, package + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+    prefixes = [os.path.dirname(torch.__file__) + os.sep, package + os.sep, sysconfig.get_paths()["stdlib"] + os.sep]
+    # IPython's own code (a cell magic's call, its shell), found without importing it: a wait a
+    # magic makes is then the cell's line, not interactiveshell.py's.
+    ipython = importlib.util.find_spec("IPython")
+    if ipython is not None and ipython.origin:
+        prefixes.append(os.path.dirname(ipython.origin) + os.sep)
+    return prefixes
 
 
 def _check_torch_version() -> None:

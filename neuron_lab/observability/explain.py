@@ -1,8 +1,8 @@
 """Why was this slow? A diagnosis of a region of code on the neuron device.
 
 ``with neuron_lab.explain_scope() as e:`` measures a region; afterwards ``e``
-says how its wall time split into host tracing (recording ops), device
-execution, host waits and background compiles, and lists every new graph and
+says how its wall time split (recording ops, waiting for the device, other;
+device busy and background compiles alongside: ``TIME_PARTS``), and lists every new graph and
 recompile with its cause and line, every host wait (sync) with its trigger and
 line, and every op that ran inline instead of being fused.
 ``neuron_lab.explain(fn)(*args)`` does the same for one call.
@@ -198,6 +198,15 @@ class Explanation:
             parts.append(("running ops", self.host_running_ops_s))
         return parts + [("other", self.other_s)]
 
+    def _time_split(self) -> str:
+        """``wall W = recording + waiting (+ running ops) + other``, the words of ``TIME_PARTS``."""
+        split = " + ".join(f"{name} {format_seconds(seconds)}" for name, seconds in self.time_parts())
+        return f"wall {format_seconds(self.wall_s)} = {split}"
+
+    def _coloured_parts(self) -> list[tuple[str, float, str]]:
+        colours = {"recording": "#4c72b0", "waiting": "#c44e52", "running ops": "#dd8452", "other": "#bbbbbb"}
+        return [(name, seconds, colours[name]) for name, seconds in self.time_parts()]
+
     def summary_line(self) -> str:
         """One compact line: what the region cost and did on the device. Its time parts are
         defined in ``TIME_PARTS``: wall = recording + waiting (+ running ops) + other;
@@ -260,8 +269,8 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"neuron_lab.explain: {self.label} took {format_seconds(self.wall_s)}"]
         lines.append(
-            f"  time: host tracing {format_seconds(self.host_tracing_s)} | device {format_seconds(self.device_s)}"
-            f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}")
+            f"  time: {self._time_split()} | device busy {format_seconds(self.device_s)}"
+            f" | compile {format_seconds(self.compile_s)} (background)")
         lines.append(
             f"  launches: {self.launches} ({self.graph_launches} graphs: {self.graphs_built} new, "
             f"{self.cache_hits} cached; {self.inline_ops} inline ops; {self.ops_recorded} ops recorded)")
@@ -317,14 +326,13 @@ class Explanation:
         bars = "".join(
             f"<div title='{esc(n)} {format_seconds(v)}' style='display:inline-block;height:10px;"
             f"width:{max(0.0, min(1.0, v / total)) * 100:.1f}%;background:{c}'></div>"
-            for n, v, c in (("host tracing", self.host_tracing_s, "#4c72b0"), ("device", self.device_s, "#55a868"),
-                            ("host waits", self.sync_wait_s, "#c44e52"))
+            for n, v, c in self._coloured_parts()
         )
         out = [f"<div class='neuron-explain'><b>neuron_lab.explain</b>: {esc(self.label)} took "
                f"{format_seconds(self.wall_s)}",
                f"<div style='width:420px;background:#eee'>{bars}</div>",
-               f"<div>host tracing {format_seconds(self.host_tracing_s)} · device {format_seconds(self.device_s)} · "
-               f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)}</div>",
+               f"<div>{esc(self._time_split())} · device busy {format_seconds(self.device_s)} · "
+               f"compile {format_seconds(self.compile_s)} (background)</div>",
                f"<div>{self.launches} launches ({self.graph_launches} graphs: {self.graphs_built} new, "
                f"{self.cache_hits} cached; {self.inline_ops} inline ops) · peak {format_bytes(self.peak_bytes)}, "
                f"change {format_bytes(self.memory_delta_bytes)}</div>"]
