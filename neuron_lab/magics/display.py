@@ -284,7 +284,7 @@ class StatusReport:
         )
 
 
-_PER_CELL_TITLE = ("The per-cell line (neuron: wall W = recording + waiting [+ running ops] + other | "
+_PER_CELL_TITLE = ("The per-cell line ('neuron: ' then wall W = recording + waiting [+ running ops] + other | "
                    "device busy | compile | launches | syncs | peak memory):")
 
 
