@@ -26,7 +26,7 @@ from neuron_lab.observability import explain, explain_scope  # noqa: E402
 from neuron_lab import kernels  # noqa: E402
 
 __all__ = ["__version__", "set_mode", "get_mode", "mode", "configure", "profiler", "metrics", "explain",
-           "explain_scope", "kernels",
+           "explain_scope", "kernels", "compare",
            "load_ipython_extension", "unload_ipython_extension", "Dashboard"]
 __version__ = "0.1.0"
 
@@ -50,4 +50,8 @@ def __getattr__(name: str):
         from neuron_lab.magics.dashboard import Dashboard
 
         return Dashboard
+    if name == "compare":  # neuron_lab.observability.compare, imported on first use
+        from neuron_lab.observability.compare import compare
+
+        return compare
     raise AttributeError(f"module 'neuron_lab' has no attribute {name!r}")

@@ -150,3 +150,61 @@ def test_a_dashboard_without_the_extension_times_cells_quietly(shell: Interactiv
         assert captured.stdout.strip() == dashboard.chart_cells[-1].explanation.summary_line()
     finally:
         unload_extension(shell)
+
+
+# ---- live: while cells run ---------------------------------------------------------------------
+
+
+def test_the_panel_updates_while_a_cell_runs(ip: InteractiveShell) -> None:
+    """The live thread updates the widgets during a running cell (the browser test checks that
+    the page shows it): at least once a second, with the running cell and memory over time."""
+    dashboard = show_dashboard(ip, "--interval 0.25")
+    ip.user_ns["dashboard"] = dashboard
+    result, _ = ok(ip, "import time\n"
+                       "x = torch.ones(256, 256, device='neuron')\n"
+                       "seen = []\n"
+                       "start = time.monotonic()\n"
+                       "while time.monotonic() - start < 2.0:\n"
+                       "    x = (x @ x).tanh()\n"
+                       "    x.sum().item()\n"
+                       "    seen.append((time.monotonic() - start, dashboard.ticks, dashboard.header.value))\n")
+    seen = ip.user_ns["seen"]
+    n = result.execution_count
+    # ticks in every second of the cell
+    for second in (0, 1):
+        ticks = {t for at, t, _ in seen if second + 0.3 <= at < second + 1.0}
+        assert len(ticks) >= 2, seen[-5:]
+    assert any(f"running In [{n}] for " in header for _, _, header in seen)
+    during = [s for s in dashboard.samples if s.time >= dashboard.samples[-1].time - 2.5]
+    assert len(during) >= 4 and all(len(s.allocated) == torch.neuron.device_count() for s in during)
+    assert "<polyline" in dashboard.memory_chart_html.value
+    assert "launches / s" in dashboard.activity_html.value and "busy" in dashboard.activity_html.value
+    assert f"after In [{n}]" in dashboard.header.value  # the cell's end: the full update
+    dashboard.stop()
+    assert not dashboard.live
+
+
+def test_a_tick_never_waits_for_the_device(ip: InteractiveShell) -> None:
+    dashboard = show_dashboard(ip, "--interval 0")
+    assert not dashboard.live
+    syncs = sum(neuron_lab.adaptive_eager.counters()["syncs"].values())
+    pending = torch.ones(1024, device="neuron") * 3 + 1  # recorded, not run
+    dashboard.tick()
+    assert sum(neuron_lab.adaptive_eager.counters()["syncs"].values()) == syncs
+    assert dashboard.ticks == 1
+    pending.sum().item()
+
+
+def test_failed_out_of_memory_and_interrupted_cells_are_charted(ip: InteractiveShell) -> None:
+    dashboard = show_dashboard(ip)
+    oom, _ = run(ip, "huge = torch.empty(2**40, device='neuron')")
+    assert isinstance(oom.error_in_exec, torch.OutOfMemoryError)
+    stopped, _ = run(ip, "raise KeyboardInterrupt")
+    assert isinstance(stopped.error_in_exec, KeyboardInterrupt)
+    charted = dashboard.chart_cells[-2:]
+    assert [r.execution_count for r in charted] == [oom.execution_count, stopped.execution_count]
+    assert not charted[0].succeeded and not charted[0].interrupted and "OutOfMemoryError" in charted[0].error
+    assert charted[1].interrupted
+    assert "#d62728" in dashboard.chart_html.value and "#e6550d" in dashboard.chart_html.value  # red, orange
+    assert "(interrupted)" in dashboard.header.value
+    assert "INTERRUPTED" in repr(dashboard) and "FAILED" in repr(dashboard)

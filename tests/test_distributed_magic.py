@@ -53,11 +53,20 @@ def expected_value() -> dict:
     return {"rank": 0, "x": (x * PUSH["scale"]).tolist()}
 
 
+TWIN_PROGRESS: list[str] = []  # what the twin's run said while its ranks started
+
+
 @pytest.fixture(scope="module")
 def twin() -> tuple[RanksResult, str, str]:
     out, err = io.StringIO(), io.StringIO()
-    result = run_on_ranks(CELL, 2, push=PUSH, profile=True, stdout=out, stderr=err, timeout=300)
+    TWIN_PROGRESS.clear()
+    result = run_on_ranks(CELL, 2, push=PUSH, profile=True, stdout=out, stderr=err, timeout=300,
+                          progress=TWIN_PROGRESS.append)
     return result, out.getvalue(), err.getvalue()
+
+
+def is_progress(output) -> bool:
+    return output.data.get("text/plain", "").startswith("%%neuron_distributed: ")
 
 
 @pytest.fixture(scope="module")
@@ -156,11 +165,29 @@ def test_the_magic_gives_what_the_twin_gives(magic, twin) -> None:
     assert [r.stdout for r in run.ranks] == [r.stdout for r in result.ranks]
     assert [r.stderr for r in run.ranks] == [r.stderr for r in result.ranks]
     assert sorted(line for line in out.splitlines() if line.startswith("[rank")) == sorted(twin_out.splitlines())
-    assert [sorted(o.data) for o in outputs] == [["text/html", "text/plain"], ["image/png", "text/plain"]]
-    assert "slowest rank" in outputs[0].data["text/plain"]
+    results = [o for o in outputs if not is_progress(o)]
+    assert [sorted(o.data) for o in results] == [["text/html", "text/plain"], ["image/png", "text/plain"]]
+    # While the ranks started, one line said what was happening, updated in place; it ends on the summary.
+    progress = [o for o in outputs if is_progress(o)]
+    assert progress and progress[0].data["text/plain"].startswith("%%neuron_distributed: launching 2 rank"), progress
+    assert "2 ranks up after" in progress[-1].data["text/plain"], progress[-1].data
+    assert all(o.update for o in progress[1:]), "later progress lines must replace the first, not pile up"
+    assert "slowest rank" in results[0].data["text/plain"]
     # Under the magic's line, the cell's lines are numbered as the notebook shows them.
     for profile in run.profiles:
         assert {l.source.line for l in profile.launches if l.name == "c10d::all_reduce"} == {ALL_REDUCE_LINE + 1}
+
+
+def test_the_twin_says_each_phase_of_the_start_up_in_order(twin) -> None:
+    lines = TWIN_PROGRESS
+    assert lines[0] == "launching 2 rank processes under torchrun", lines
+    phases = [next((i for i, l in enumerate(lines) if l.startswith(p)), None)
+              for p in ("launching", "running the cell on 2 ranks")]
+    assert None not in phases and phases == sorted(phases), lines
+    assert any("first output after" in l for l in lines), lines
+    summary = lines[-1]
+    assert summary.startswith("2 ranks up after") and "rendezvous" in summary and "done after" in summary, summary
+    assert len(lines) == len(set(lines)), "a line is reported only when it changes"
 
 
 def test_the_magic_is_registered_by_load_ext_and_removed_by_unload(shell: InteractiveShell) -> None:

@@ -1,5 +1,6 @@
 """The README's first command, `bash scripts/lab.sh`, opens JupyterLab: as root (a container,
-a cloud notebook VM) as well as a normal user, whichever this test runs as."""
+a cloud notebook VM) as well as a normal user, whichever this test runs as, saying each step
+of its set-up as it goes."""
 
 from __future__ import annotations
 
@@ -48,6 +49,11 @@ def test_lab_script_starts_jupyterlab_as_this_user(tmp_path: Path) -> None:
         assert status is not None and status[0] == 200, output[-3000:]
         assert "settings" in status[1]
         assert "Running as root is not recommended" not in output
+        # The set-up says each step as it goes, with its time, and nothing else from pip.
+        for step in range(1, 7):
+            assert f"setup [{step}/6] " in output, output[-3000:]
+        assert "setup: ready in" in output and "lab: starting JupyterLab" in output, output[-3000:]
+        assert "WARNING: Running pip as the 'root' user" not in output, output[-3000:]
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         try:

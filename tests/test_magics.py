@@ -351,7 +351,7 @@ def test_status_lists_devices_streams_and_the_graph_cache(ip: InteractiveShell) 
     assert all(s.queue_depth == 0 for s in report.streams)  # every cell's work is finished
     text = str(report)
     assert "queued" in text and "cached graphs" in text and "neuron:0" in text
-    assert report._repr_html_().count("<table") == 3
+    assert report._repr_html_().count("<table") == 4  # memory, streams, counters, the per-cell line's parts
     usage_error(ip, "%neuron_status now")
 
 

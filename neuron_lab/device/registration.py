@@ -158,7 +158,10 @@ def register() -> None:
         # The current core's device thread starts with the first tensor, and sets itself up
         # while the host goes on, not when the first launch waits for it.
         on_first_use(lambda: _C.start_device_thread(int(torch.neuron.current_device())))
-        from neuron_lab.device import serialization, sharing, tensor_repr
+        from neuron_lab.device import late_errors, serialization, sharing, tensor_repr
+
+        # A script's uncaught late device error is shown at the line that recorded its op.
+        on_first_use(late_errors.install_excepthook)
 
         on_first_use(serialization.install)
         on_first_use(sharing.install)

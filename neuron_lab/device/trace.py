@@ -18,6 +18,8 @@ from neuron_lab.device import _C
 __all__ = [
     "Reason",
     "allocated",
+    "async_failures",
+    "busy_union_ns",
     "close_watermark",
     "device_counters",
     "events_since",
@@ -29,8 +31,10 @@ __all__ = [
     "profiler_waits",
     "reset_launch_times",
     "set_profile_annotator",
+    "set_source_name",
     "start_profile",
     "stop_profile",
+    "thread_phases",
     "totals",
 ]
 
@@ -115,6 +119,34 @@ def totals() -> dict[str, Any]:
     spent recording ops), ``wait_ns`` (host time spent waiting for the device, the profilers' own
     waits apart), ``profiler_wait_ns`` (those)."""
     return dict(_native.totals())
+
+
+def thread_phases() -> dict[str, int]:
+    """The calling thread's host time so far, each moment counted once (the innermost
+    activity wins): ``recording_ns`` (recording ops and building launches), ``waiting_ns``
+    (blocked on the device, running the launches it waits for included) and
+    ``running_ops_ns`` (ops run at once on this thread). The rest of a region's wall time
+    on this thread is the user's own code."""
+    return dict(_native.thread_phases())
+
+
+def busy_union_ns() -> int:
+    """Wall time so far during which at least one launch ran on any core or stream: over a
+    region, its change is at most the region's wall time."""
+    return int(_native.busy_union_ns())
+
+
+def set_source_name(file: str, name: str, lines: list[str]) -> None:
+    """Names ``file`` to the user in the runtime's messages (IPython's ``Cell In[7]`` for
+    the file a cell compiled to) and gives its text, which no file on disk holds."""
+    _native.set_source_name(str(file), str(name), [str(line) for line in lines])
+
+
+def async_failures() -> list[dict[str, Any]]:
+    """The last few ops that failed inside a launch (raised later, at a wait): ``context``
+    (text the error's message carries), ``op``, ``recorded`` (file, line, function) and
+    ``not_run`` (the ops recorded after it in its launch: (op, (file, line, function)))."""
+    return list(_native.async_failures())
 
 
 def launch_times() -> dict[str, tuple[int, list[int]]]:

@@ -50,7 +50,8 @@ _TIED_TORCHRUN = Path(tied_torchrun.__file__)  # run by path: torchrun's process
 def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = None,
                  timeout: float | None = DEFAULT_TIMEOUT_S, profile: bool = False,
                  start_timeout: float = START_TIMEOUT_S, first_line: int = 1,
-                 stdout: TextIO | None = None, stderr: TextIO | None = None) -> RanksResult:
+                 stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 progress: Callable[[str], None] | None = None) -> RanksResult:
     """Runs ``code`` on ``nproc`` ranks, each a fresh process on its own neuron core, and
     returns what they did (``RanksResult``: rank 0's value, per-rank times, collectives
     and bytes moved, the slowest rank, and with ``profile=True`` each rank's ``Profile``).
@@ -71,6 +72,11 @@ def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = 
     ranks are up, ``start_timeout`` the start of the processes; past either, every rank is
     killed and ``RankTimeoutError`` raised. ``first_line`` is the number of the code's
     first line where the user sees it (2 under a magic's line), for errors.
+
+    ``progress`` (e.g. ``print``) is called with a line saying what the launch is doing
+    while the ranks start, at most once a second: launching (processes started, each
+    importing torch and neuron_lab), the rendezvous (ranks that joined the process group),
+    the cell running (and when the first output came), then a summary of the start-up.
     """
     __tracebackhide__ = True  # noqa: F841 - the notebook's traceback shows the error, not this function
     _check_arguments(code, nproc, timeout, start_timeout, first_line)
@@ -83,9 +89,10 @@ def run_on_ranks(code: str, nproc: int = 2, *, push: Mapping[str, Any] | None = 
     try:
         (folder / cell_job.CELL_FILE).write_text("\n" * (first_line - 1) + code)
         cell_job.Job(push=pushed, profile=profile, mode=neuron_lab.get_mode()).write(folder)
-        run = _Run(folder, nproc, stdout or sys.stdout, stderr or sys.stderr)
+        run = _Run(folder, nproc, stdout or sys.stdout, stderr or sys.stderr, progress)
         run.wait(timeout, start_timeout)
         outcome = run.outcome()
+        run.report(run.summary())
     finally:
         shutil.rmtree(folder, ignore_errors=True)  # before letting torchrun go: it removes what is left
         if run is not None:
@@ -147,12 +154,19 @@ def _pickle_push(push: Mapping[str, Any]) -> bytes:
 class _Run:
     """One torchrun launch: its process, the reader threads of its output, the clocks."""
 
-    def __init__(self, folder: Path, nproc: int, stdout: TextIO, stderr: TextIO) -> None:
+    def __init__(self, folder: Path, nproc: int, stdout: TextIO, stderr: TextIO,
+                 progress: Callable[[str], None] | None = None) -> None:
         self.folder, self.nproc = folder, nproc
         self.sinks = {"stdout": stdout, "stderr": stderr}
         self.outputs: list[tuple[list[str], list[str]]] = [([], []) for _ in range(nproc)]
         self.launcher_lines: list[str] = []
+        self.progress = progress
+        self.last_report = ""
+        self.imported_at: float | None = None  # every rank process runs (torch and neuron_lab imported)
+        self.up_at: float | None = None        # every rank joined the process group
+        self.first_output_at: float | None = None
         self.started_at = time.monotonic()
+        self.report(f"launching {nproc} rank process{'es' if nproc != 1 else ''} under torchrun")
         self.timed_out: str | None = None
         self.killed: list[int] = []
         tie, self._tie = os.pipe()  # torchrun's end closes with this process, however it ends
@@ -200,6 +214,7 @@ class _Run:
                     else:
                         self._show(name, line)
                 now = time.monotonic()
+                self.report(self.status(now))
                 if phase == "start" and self._all_have(cell_job.started_file):
                     phase, deadline = "cell", now + timeout if timeout is not None else float("inf")
                 if phase == "cell" and self._all_have(cell_job.outcome_file):
@@ -219,11 +234,53 @@ class _Run:
         finally:
             self._drain()
 
+    def report(self, text: str) -> None:
+        """Hands a new progress line to the caller's ``progress`` (a changed one only)."""
+        if self.progress is None or text == self.last_report:
+            return
+        self.last_report = text
+        try:
+            self.progress(text)
+        except Exception:  # noqa: BLE001 - a broken progress display must not lose the ranks
+            self.progress = None
+
+    def status(self, now: float) -> str:
+        """What the launch is doing, in whole seconds (a line changes at most once a second)."""
+        elapsed = f"{now - self.started_at:.0f} s"
+        imported = sum(cell_job.pid_file(self.folder, r).exists() for r in range(self.nproc))
+        joined = sum(cell_job.started_file(self.folder, r).exists() for r in range(self.nproc))
+        if imported == self.nproc and self.imported_at is None:
+            self.imported_at = now
+        if joined == self.nproc and self.up_at is None:
+            self.up_at = now
+        if imported < self.nproc:
+            return (f"launching: {imported} of {self.nproc} rank processes have started and imported torch and "
+                    f"neuron_lab ({elapsed})")
+        if joined < self.nproc:
+            return f"rendezvous: {joined} of {self.nproc} ranks have joined the process group ({elapsed})"
+        first = ("no output yet" if self.first_output_at is None
+                 else f"first output after {self.first_output_at - self.started_at:.1f} s")
+        return f"running the cell on {self.nproc} ranks, up after {self.up_at - self.started_at:.1f} s; {first}"
+
+    def summary(self) -> str:
+        """The start-up, once the run is over: how long each phase took."""
+        if self.up_at is None:
+            return f"the {self.nproc} ranks did not all start (after {time.monotonic() - self.started_at:.1f} s)"
+        imported = self.imported_at if self.imported_at is not None else self.up_at
+        first = ("" if self.first_output_at is None
+                 else f"; first output after {self.first_output_at - self.started_at:.1f} s")
+        return (f"{self.nproc} ranks up after {self.up_at - self.started_at:.1f} s (processes started and torch "
+                f"imported {imported - self.started_at:.1f} s, rendezvous {self.up_at - imported:.1f} s){first}; "
+                f"done after {time.monotonic() - self.started_at:.1f} s")
+
     def _show(self, name: str, line: str) -> None:
         match = _PREFIX.match(line)
         if match is None or int(match.group(1)) >= self.nproc:
             self.launcher_lines.append(line.rstrip("\n"))
             return
+        if self.first_output_at is None:
+            self.first_output_at = time.monotonic()
+            self.report(self.status(self.first_output_at))
         rank = int(match.group(1))
         self.outputs[rank][0 if name == "stdout" else 1].append(line[match.end():].rstrip("\n"))
         sink = self.sinks[name]

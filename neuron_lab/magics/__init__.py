@@ -12,10 +12,12 @@ magic                      what it does                                         
 ``%neuron_explain``        diagnosis of the previous cell that used the device    ``neuron_lab.explain_scope()``
 ``%neuron_dashboard``      live ipywidgets dashboard                              ``neuron_lab.Dashboard()``
 ``%%neuron_distributed``   the cell on N ranks: output per rank, times, bytes     ``neuron_lab.launch.run_on_ranks()``
+``%%neuron_compare``       the first op whose numbers leave a reference           ``neuron_lab.compare()``
 =========================  =====================================================  ===========================================
 
 Modules: ``extension`` (load/unload), ``autotime`` (per-cell scope: events and an AST
 transformer), ``magics`` (the magics), ``distributed`` (``%%neuron_distributed``),
+``compare`` (``%%neuron_compare``), ``cell_errors`` (late device errors at the cell's line),
 ``display`` (reports with HTML and text, no IPython), ``dashboard`` (ipywidgets).
 Importing this package imports neither IPython nor ipywidgets. See ``docs/jupyter.md``.
 """

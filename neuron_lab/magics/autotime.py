@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import collections
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Optional
@@ -68,6 +69,11 @@ class CellRecord:
     @property
     def label(self) -> str:
         return "In [?]" if self.execution_count is None else f"In [{self.execution_count}]"
+
+    @property
+    def interrupted(self) -> bool:
+        """The cell was stopped by the user (Kernel > Interrupt: KeyboardInterrupt)."""
+        return bool(self.error) and self.error.startswith("KeyboardInterrupt")
 
 
 def finish_cell(token: int, value: Any = None) -> Any:
@@ -108,6 +114,13 @@ class _CellFinisher(ast.NodeTransformer):
         # unregister the transformer).
         if not isinstance(node, ast.Module) or not self.timer._disarm():
             return node
+        try:
+            # IPython has compiled the cell by now: the device's messages name it "Cell In[n]".
+            from neuron_lab.magics.cell_errors import register_cell_sources
+
+            register_cell_sources(self.timer.shell)
+        except Exception:  # noqa: BLE001 - messages then name the cell's file
+            pass
         try:
             return self._rewrite(node)
         except Exception:  # noqa: BLE001 - fall back to closing the scope in post_run_cell
@@ -183,6 +196,8 @@ class CellTimer:
         self._depth = 0  # >1 while a cell runs nested run_cell calls
         self._armed = False
         self._attached = False
+        # (label, time.monotonic() at its start) of the cell running now, for live views
+        self.running: Optional[tuple[str, float]] = None
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -215,6 +230,7 @@ class CellTimer:
         self._listeners.clear()
         self._armed = False
         self._depth = 0
+        self.running = None
         scope, self._scope = self._scope, None
         if scope is not None:
             scope.__exit__(None, None, None)
@@ -257,7 +273,9 @@ class CellTimer:
 
         self._depth = 1
         self._scope_error = None
-        scope = neuron_lab.explain_scope(label=self._cell_label(info))
+        label = self._cell_label(info)
+        self.running = (label.removeprefix("cell "), time.monotonic())
+        scope = neuron_lab.explain_scope(label=label)
         self._explanation = scope.__enter__()
         self._scope = scope
         self._armed = True
@@ -300,6 +318,7 @@ class CellTimer:
             return
         self._depth = 0
         self._armed = False
+        self.running = None
         cell_error = self._cell_error(result)
         if self._scope is not None:  # the cell did not reach its end
             scope, self._scope = self._scope, None

@@ -267,6 +267,7 @@ class StatusReport:
             _text_table(_MEMORY_HEADER, [d.row() for d in self.memory]),
             _text_table(["device", "stream", "enqueued", "completed", "queued"], self._stream_rows()),
             _text_table(["graph cache and counters", "value"], self._counter_rows(), left_columns=2),
+            _PER_CELL_TITLE + "\n" + "\n".join(f"  {name}: {meaning}" for name, meaning in _time_parts().items()),
         ])
 
     __repr__ = __str__
@@ -277,8 +278,20 @@ class StatusReport:
             + _html_table(_MEMORY_HEADER, [d.row() for d in self.memory])
             + _html_table(["device", "stream", "enqueued", "completed", "queued"], self._stream_rows())
             + _html_table(["graph cache and counters", "value"], self._counter_rows())
+            + f"<div style='margin-top:6px'>{html.escape(_PER_CELL_TITLE)}</div>"
+            + _html_table(["part", "what it is"], [[k, v] for k, v in _time_parts().items()], left_columns=2)
             + "</div>"
         )
+
+
+_PER_CELL_TITLE = ("The per-cell line ('neuron: ' then wall W = recording + waiting [+ running ops] + other | "
+                   "device busy | compile | launches | syncs | peak memory):")
+
+
+def _time_parts() -> dict[str, str]:
+    from neuron_lab.observability.explain import TIME_PARTS
+
+    return TIME_PARTS
 
 
 def status() -> StatusReport:

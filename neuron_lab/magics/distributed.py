@@ -5,6 +5,7 @@ options and the notebook's variables to push, and displays the result).
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -15,7 +16,37 @@ from IPython.display import display
 from neuron_lab.launch import runner as launcher
 from neuron_lab.magics.display import FigureDisplay
 
-__all__ = ["DistributedMagics"]
+__all__ = ["DistributedMagics", "StartupProgress", "ProgressLine"]
+
+
+class ProgressLine:
+    """One line saying what the launch is doing (HTML in notebooks, text elsewhere)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"%%neuron_distributed: {self.text}"
+
+    def _repr_html_(self) -> str:
+        return (f"<div class='neuron-distributed-progress' style='font-family:monospace;font-size:12px;"
+                f"color:#555'>%%neuron_distributed: {html.escape(self.text)}</div>")
+
+
+class StartupProgress:
+    """``run_on_ranks``'s ``progress``: one output that changes in place while the ranks start
+    (launching, rendezvous, the cell running, first output), then keeps the summary."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._handle: Any = None
+
+    def __call__(self, text: str) -> None:
+        self.lines.append(text)
+        if self._handle is None:
+            self._handle = display(ProgressLine(text), display_id=True)
+        else:
+            self._handle.update(ProgressLine(text))
 
 
 @magics_class
@@ -36,6 +67,10 @@ class DistributedMagics(Magics):
     def neuron_distributed(self, line: str, cell: str) -> Any:
         """Runs the cell on N ranks, each a fresh process on its own neuron core, with the
         ``"neuron"`` process group initialised, and shows what each rank did.
+
+        While the ranks start (some seconds: each process imports torch, then they meet), a
+        line above the output says what is happening: launching, rendezvous, the cell
+        running, the first output; then how long each part of the start-up took.
 
         Each rank finds ``torch``, ``dist`` (torch.distributed), ``rank``, ``world_size``,
         ``local_rank`` and ``device`` defined. The notebook's variables are not there (fresh
@@ -71,7 +106,7 @@ class DistributedMagics(Magics):
         push = self._pushed(args.push)
         try:
             result = launcher.run_on_ranks(cell, args.nproc, push=push, timeout=args.timeout or None,
-                                           profile=args.profile, first_line=2)
+                                           profile=args.profile, first_line=2, progress=StartupProgress())
         except ValueError as e:  # bad input to the twin (a push value that cannot travel): one line
             raise UsageError(str(e)) from None
         if args.output is not None:

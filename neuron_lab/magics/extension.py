@@ -1,9 +1,10 @@
 """``%load_ext neuron_lab`` and ``%unload_ext neuron_lab``: what the extension adds and removes.
 
-Loading registers the magics (``neuron_lab.magics.magics`` and ``%%neuron_distributed`` of
-``neuron_lab.magics.distributed``), attaches the per-cell timer
+Loading registers the magics (``neuron_lab.magics.magics``, ``%%neuron_distributed`` of
+``neuron_lab.magics.distributed`` and ``%%neuron_compare`` of ``neuron_lab.magics.compare``), attaches the per-cell timer
 (``neuron_lab.magics.autotime``: two IPython events and one AST transformer) with its line
-on, and prints one line: devices, memory per core, mode. Loading again is harmless.
+on, routes tracebacks through ``neuron_lab.magics.cell_errors`` (late device errors shown at
+the cell line that recorded them), and prints one line: devices, memory per core, mode. Loading again is harmless.
 Unloading removes every magic, event and transformer it added and stops the dashboards.
 """
 
@@ -27,7 +28,9 @@ def load_ipython_extension(shell: Any) -> None:
     """Registers the neuron magics and per-cell timing in ``shell``; prints one line."""
     import neuron_lab
     from neuron_lab.device.autograd_threads import backward_on_calling_thread
+    from neuron_lab.magics import cell_errors
     from neuron_lab.magics.autotime import CellTimer, timer_for
+    from neuron_lab.magics.compare import CompareMagics
     from neuron_lab.magics.display import banner
     from neuron_lab.magics.distributed import DistributedMagics
     from neuron_lab.magics.magics import NeuronMagics
@@ -43,7 +46,8 @@ def load_ipython_extension(shell: Any) -> None:
         timer = CellTimer(shell)
     timer.printing = True
     timer.attach()
-    registered = [NeuronMagics(shell, timer=timer), DistributedMagics(shell)]
+    cell_errors.install(shell)  # late device errors: shown at the cell line that recorded them
+    registered = [NeuronMagics(shell, timer=timer), DistributedMagics(shell), CompareMagics(shell)]
     for magics in registered:
         shell.register_magics(magics)
     _LOADED[shell] = registered
@@ -52,6 +56,7 @@ def load_ipython_extension(shell: Any) -> None:
 
 def unload_ipython_extension(shell: Any) -> None:
     """Removes every magic, event callback and AST transformer the extension added."""
+    from neuron_lab.magics import cell_errors
     from neuron_lab.magics.autotime import timer_for
     from neuron_lab.magics.dashboard import stop_dashboards
 
@@ -63,6 +68,7 @@ def unload_ipython_extension(shell: Any) -> None:
         if manager.registry.get(type(magics).__name__) is magics:
             del manager.registry[type(magics).__name__]
     stop_dashboards(shell)
+    cell_errors.uninstall(shell)
     timer = timer_for(shell)
     if timer is not None:
         timer.detach()  # last: finishing the cell's device work may raise its error

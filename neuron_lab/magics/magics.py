@@ -252,8 +252,9 @@ class NeuronMagics(Magics):
               help="print the per-cell line or not; without it, shows the current setting")
     @line_magic
     def neuron_autotime(self, line: str) -> None:
-        """Turns the per-cell line (wall, device, host tracing and compile time, launches,
-        syncs, peak memory) on or off. It is on after ``%load_ext neuron_lab``. Cells are
+        """Turns the per-cell line (wall time split into recording, waiting and other, device
+        busy and compile time, launches, syncs, peak memory; ``%neuron_status`` defines each
+        part) on or off. It is on after ``%load_ext neuron_lab``. Cells are
         still measured and explained when it is off (``%neuron_explain``, dashboards).
 
         Plain-Python twin: ``with neuron_lab.explain_scope() as e: ...`` then
@@ -266,11 +267,17 @@ class NeuronMagics(Magics):
 
     @magic_arguments()
     @argument("--cells", type=int, default=20, metavar="N", help="cells in the timing chart (default: 20)")
+    @argument("--interval", type=float, default=0.5, metavar="SECONDS",
+              help="seconds between live updates while cells run (default: 0.5; 0: only after cells)")
     @line_magic
     def neuron_dashboard(self, line: str) -> None:
-        """Shows a live dashboard: memory per core (allocated, reserved, peak, capacity),
-        stream queue depths, graph cache hits/misses and compiles, and a chart of the last
-        cells' timings. It updates after every cell.
+        """Shows a live dashboard: memory per core over the last minute, each core's busy
+        share and its streams' queues, launches and host waits per second, the graph cache,
+        and a chart of the last cells (failed and interrupted ones too). It updates twice a
+        second while cells run, and after every cell.
+
+        To keep it in view in JupyterLab, right-click it and choose "Create New View for
+        Output": it opens beside the notebook, and updates there.
 
         Plain-Python twin: ``neuron_lab.Dashboard(cells=20)`` (display it, or call
         ``.update()``).
@@ -278,6 +285,8 @@ class NeuronMagics(Magics):
         args = parse_argstring(self.neuron_dashboard, line)
         if args.cells < 1:
             raise UsageError(f"--cells must be at least 1, got {args.cells}")
+        if args.interval < 0:
+            raise UsageError(f"--interval must be >= 0 seconds (0: only after cells), got {args.interval:g}")
         from neuron_lab.magics.dashboard import Dashboard
 
-        display(Dashboard(cells=args.cells, shell=self.shell))
+        display(Dashboard(cells=args.cells, shell=self.shell, interval=args.interval))

@@ -8,6 +8,7 @@
 - ``torch_profiler``: what torch.profiler's device lanes (``ProfilerActivity.PrivateUse1``) get
   from this layer: cell names for source lines, modelled times
 - ``timeline``: the interactive timeline (and its static figure)
+- ``compare``: which op's numbers leave a reference (the CPU, the replay tier, float32)
 
 Memory snapshots for PyTorch's memory visualizer live in ``torch.neuron.memory``.
 """

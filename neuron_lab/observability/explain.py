@@ -1,8 +1,8 @@
 """Why was this slow? A diagnosis of a region of code on the neuron device.
 
 ``with neuron_lab.explain_scope() as e:`` measures a region; afterwards ``e``
-says how its wall time split into host tracing (recording ops), device
-execution, host waits and background compiles, and lists every new graph and
+says how its wall time split (recording ops, waiting for the device, other;
+device busy and background compiles alongside: ``TIME_PARTS``), and lists every new graph and
 recompile with its cause and line, every host wait (sync) with its trigger and
 line, and every op that ran inline instead of being fused.
 ``neuron_lab.explain(fn)(*args)`` does the same for one call.
@@ -27,9 +27,29 @@ from neuron_lab.device.core import device_count
 from neuron_lab.device.units import format_bytes  # re-exported: the unit of the reports
 from neuron_lab.distributed.records import CollectiveRecord
 from neuron_lab.observability.collectives import collectives_between, collectives_html, collectives_text
-from neuron_lab.observability.records import Event, events_since, format_source, now_ns, totals
+from neuron_lab.observability.records import Event, events_since, format_source, now_ns
 
-__all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds"]
+__all__ = ["Explanation", "explain", "explain_scope", "format_bytes", "format_seconds", "TIME_PARTS"]
+
+# What each part of a region's time is (the per-cell line, %neuron_status, the dashboard's
+# tooltips and the README say it with these words). The host parts are the region's own
+# thread, each moment counted once: they and "other" add up to wall.
+TIME_PARTS = {
+    "wall": "time from the start to the end of the cell (of the region), its device work finished",
+    "recording": "host time the runtime spent recording ops and building launches from them "
+                 "(adaptive eager's 'tracing'); a part of wall",
+    "waiting": "host time blocked waiting for the device: a value read (.item(), printing), a "
+               "synchronize, or the end of the cell; queued launches the host ran itself meanwhile "
+               "count here; a part of wall",
+    "running ops": "host time running ops at once on the calling thread instead of recording them "
+                   "(blocking mode, ops that cannot be recorded, convolutions); a part of wall",
+    "other": "the rest of wall: your Python code, PyTorch's Python layers, CPU work",
+    "device busy": "wall time during which at least one launch ran on some core or stream; it "
+                   "overlaps the host's parts (the device runs while the host records), so it is "
+                   "not one of them, and never more than wall",
+    "compile": "background compiles (the compiled tier, torch.compile) during the cell, on other "
+               "threads; overlaps the rest, never more than wall",
+}
 
 
 def format_seconds(s: float) -> str:
@@ -81,12 +101,13 @@ def _trigger(reason: Reason, what: str) -> str:
 
 def _counters_snapshot() -> dict:
     c = stats.counters()
-    t = totals()
+    phases = trace.thread_phases()  # this thread's: a region's parts then add up to its wall time
     return {
         "counters": c,
-        "busy_ns": sum(t["device_busy_ns"]),
-        "record_ns": t["record_ns"],
-        "wait_ns": t["wait_ns"],
+        "busy_ns": trace.busy_union_ns(),
+        "record_ns": phases["recording_ns"],
+        "wait_ns": phases["waiting_ns"],
+        "running_ops_ns": phases["running_ops_ns"],
         # As of the allocator's last change: reading it does not wait for the device
         # (the scope's exit synchronizes first, so the end value is settled).
         "allocated": trace.allocated(),
@@ -103,10 +124,11 @@ class Explanation:
     """A diagnosis of one region; see the module docstring. Filled when the region ends."""
 
     wall_s: float = 0.0
-    device_s: float = 0.0
-    host_tracing_s: float = 0.0
+    device_s: float = 0.0  # "device busy" (TIME_PARTS)
+    host_tracing_s: float = 0.0  # "recording"
     compile_s: float = 0.0
-    sync_wait_s: float = 0.0
+    sync_wait_s: float = 0.0  # "waiting"
+    host_running_ops_s: float = 0.0  # "running ops"
     launches: int = 0
     graph_launches: int = 0
     graphs_built: int = 0
@@ -172,23 +194,42 @@ class Explanation:
 
     @property
     def device_text(self) -> str:
-        """``device 12.3 ms`` (emulated), with the modelled time beside it when the region was profiled."""
+        """``device busy 12.3 ms`` (emulated), with the modelled time beside it when the region was profiled."""
         if self.modelled_device_s is None:
-            return f"device {format_seconds(self.device_s)}"
-        return (f"device {format_seconds(self.device_s)} emulated, "
+            return f"device busy {format_seconds(self.device_s)}"
+        return (f"device busy {format_seconds(self.device_s)} emulated, "
                 f"{format_seconds(self.modelled_device_s)} modelled")
 
+    @property
+    def other_s(self) -> float:
+        """Wall time the host spent outside the runtime: the user's code, PyTorch's Python, CPU work."""
+        return max(0.0, self.wall_s - self.host_tracing_s - self.sync_wait_s - self.host_running_ops_s)
+
+    def time_parts(self) -> list[tuple[str, float]]:
+        """The host's parts of wall time (``TIME_PARTS``): they add up to ``wall_s``."""
+        parts = [("recording", self.host_tracing_s), ("waiting", self.sync_wait_s)]
+        if self.host_running_ops_s:
+            parts.append(("running ops", self.host_running_ops_s))
+        return parts + [("other", self.other_s)]
+
+    def _time_split(self) -> str:
+        """``wall W = recording + waiting (+ running ops) + other``, the words of ``TIME_PARTS``."""
+        split = " + ".join(f"{name} {format_seconds(seconds)}" for name, seconds in self.time_parts())
+        return f"wall {format_seconds(self.wall_s)} = {split}"
+
+    def _coloured_parts(self) -> list[tuple[str, float, str]]:
+        colours = {"recording": "#4c72b0", "waiting": "#c44e52", "running ops": "#dd8452", "other": "#bbbbbb"}
+        return [(name, seconds, colours[name]) for name, seconds in self.time_parts()]
+
     def summary_line(self) -> str:
-        """One compact line: what the region cost and did on the device."""
-        parts = [
-            f"wall {format_seconds(self.wall_s)}",
-            self.device_text,
-            f"tracing {format_seconds(self.host_tracing_s)}",
-        ]
+        """One compact line: what the region cost and did on the device. Its time parts are
+        defined in ``TIME_PARTS``: wall = recording + waiting (+ running ops) + other;
+        device busy and compile overlap them and are never more than wall."""
+        parts = [self._time_split(), self.device_text]
         if self.compile_s:
-            parts.append(f"compile {format_seconds(self.compile_s)}")
+            parts.append(f"compile {format_seconds(self.compile_s)} (background)")
         parts.append(f"{self.launches} launches ({self.graph_launches} graphs, {self.cache_hits} cached)")
-        parts.append(f"{self.syncs} syncs" + (f" ({format_seconds(self.sync_wait_s)})" if self.syncs else ""))
+        parts.append(f"{self.syncs} syncs")
         parts.append(f"peak {format_bytes(self.peak_bytes)} ({'+' if self.memory_delta_bytes >= 0 else ''}"
                      f"{format_bytes(self.memory_delta_bytes)})")
         if self.collectives:
@@ -241,8 +282,8 @@ class Explanation:
     def __str__(self) -> str:
         lines = [f"neuron_lab.explain: {self.label} took {format_seconds(self.wall_s)}"]
         lines.append(
-            f"  time: host tracing {format_seconds(self.host_tracing_s)} | {self.device_text}"
-            f" | host waits {format_seconds(self.sync_wait_s)} | compile {format_seconds(self.compile_s)}")
+            f"  time: {self._time_split()} | {self.device_text}"
+            f" | compile {format_seconds(self.compile_s)} (background)")
         if self.modelled_device_s is not None:
             lines.append(f"  (emulated: what this machine's CPU took; modelled: what a {self.modelled_core} would "
                          "take, from each op's FLOPs and bytes and a launch overhead)")
@@ -301,14 +342,13 @@ class Explanation:
         bars = "".join(
             f"<div title='{esc(n)} {format_seconds(v)}' style='display:inline-block;height:10px;"
             f"width:{max(0.0, min(1.0, v / total)) * 100:.1f}%;background:{c}'></div>"
-            for n, v, c in (("host tracing", self.host_tracing_s, "#4c72b0"), ("device", self.device_s, "#55a868"),
-                            ("host waits", self.sync_wait_s, "#c44e52"))
+            for n, v, c in self._coloured_parts()
         )
         out = [f"<div class='neuron-explain'><b>neuron_lab.explain</b>: {esc(self.label)} took "
                f"{format_seconds(self.wall_s)}",
                f"<div style='width:420px;background:#eee'>{bars}</div>",
-               f"<div>host tracing {format_seconds(self.host_tracing_s)} · {esc(self.device_text)} · "
-               f"host waits {format_seconds(self.sync_wait_s)} · compile {format_seconds(self.compile_s)}</div>",
+               f"<div>{esc(self._time_split())} · {esc(self.device_text)} · "
+               f"compile {format_seconds(self.compile_s)} (background)</div>",
                f"<div>{self.launches} launches ({self.graph_launches} graphs: {self.graphs_built} new, "
                f"{self.cache_hits} cached; {self.inline_ops} inline ops) · peak {format_bytes(self.peak_bytes)}, "
                f"change {format_bytes(self.memory_delta_bytes)}</div>"]
@@ -348,9 +388,9 @@ class explain_scope:
         if self._start is not None:
             raise RuntimeError("neuron_lab.explain_scope() is already active; create a new one for each region")
         self._watermark = trace.open_watermark()
+        self._t0 = time.perf_counter()  # before the snapshot, and the wall time ends after the last one:
+        self._start_ns = now_ns()       # the parts it holds are measured inside the wall time
         self._start = _counters_snapshot()
-        self._start_ns = now_ns()
-        self._t0 = time.perf_counter()
         return self.explanation
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -372,24 +412,27 @@ class explain_scope:
 
     def _finish(self) -> None:
         end_ns = self._end_ns
-        wall = time.perf_counter() - self._t0
         peaks = trace.close_watermark(self._watermark)
         end = _counters_snapshot()
+        wall = time.perf_counter() - self._t0
         end["allocated"] = _settled_allocated()
         start = self._start
         self._start = None
         c0, c1 = start["counters"], end["counters"]
         e = self.explanation
         e.wall_s = wall
-        e.device_s = (end["busy_ns"] - start["busy_ns"]) / 1e9
+        e.device_s = min(wall, (end["busy_ns"] - start["busy_ns"]) / 1e9)
         e.host_tracing_s = (end["record_ns"] - start["record_ns"]) / 1e9
         e.sync_wait_s = (end["wait_ns"] - start["wait_ns"]) / 1e9
+        e.host_running_ops_s = (end["running_ops_ns"] - start["running_ops_ns"]) / 1e9
         e.events = events_since(self._start_ns, end_ns)
         e.collectives = collectives_between(self._start_ns, end_ns)
-        # Compiles run in the background: count those that finished in the region.
+        # Compiles run in the background: count those that finished in the region, and the
+        # time inside the region during which one ran (several at once count once).
         compiles = [x for x in e.events if x.kind in ("compile", "compile_failed")]
         e.compiles = len(compiles)
-        e.compile_s = sum(x.duration_ns for x in compiles) / 1e9
+        e.compile_s = min(wall, _covered_ns([(x.time_ns, x.time_ns + x.duration_ns) for x in compiles],
+                                            self._start_ns, now_ns()) / 1e9)
         for key in ("launches", "graph_launches", "graphs_built", "cache_hits", "inline_ops", "ops_recorded"):
             setattr(e, key, int(c1[key] - c0[key]))
         e.syncs = len(e.sync_events)
@@ -397,6 +440,17 @@ class explain_scope:
         # Pending results get their memory when the region settles: the peak includes that.
         e.peak_bytes = int(max(list(peaks) + end["allocated"]))
         e.memory_delta_bytes = int(sum(end["allocated"]) - sum(start["allocated"]))
+
+
+def _covered_ns(intervals: list[tuple[int, int]], start: int, end: int) -> int:
+    """Nanoseconds of [start, end] covered by at least one of the intervals."""
+    covered, reach = 0, start
+    for lo, hi in sorted((max(lo, start), min(hi, end)) for lo, hi in intervals):
+        if hi <= reach:
+            continue
+        covered += hi - max(lo, reach)
+        reach = hi
+    return covered
 
 
 def explain(fn: Callable[..., Any], *, label: Optional[str] = None) -> Callable[..., Explanation]:

@@ -82,6 +82,16 @@ bool Launch::run_reads_poison(size_t begin, size_t end) const {
 void Launch::poison_from(size_t first, const Record& failed) {
   const std::string why = std::string(failed.op.schema().operator_name().name) + " failed (recorded at " +
                           trace::describe(failed.source) + ")";
+  // For the layer that shows the error: the op's line, and what was recorded after it.
+  trace::AsyncFailure failure;
+  failure.context = failure_context(failed);
+  failure.op = failed.op.schema().operator_name().name;
+  failure.recorded = trace::frame(failed.source);
+  const size_t failed_index = static_cast<size_t>(&failed - records.data());
+  for (size_t j = failed_index + 1; j < records.size(); ++j) {
+    failure.not_run.emplace_back(records[j].op.schema().operator_name().name, trace::frame(records[j].source));
+  }
+  trace::note_async_failure(std::move(failure));
   for (size_t j = first; j < records.size(); ++j) {
     for_each_written(records[j], [&](const c10::Storage& st) { poison_table().mark(st, why); });
   }
@@ -254,8 +264,10 @@ std::string Launch::failure_context(const Record& r) const {
   std::ostringstream out;
   out << "neuron: " << r.op.schema().operator_name() << " failed on neuron:" << int(device) << " (stream "
       << stream_id << ", in a launch of " << records.size() << " recorded op" << (records.size() == 1 ? "" : "s")
-      << "); inputs " << shapes_of(r) << "; recorded at " << trace::describe(r.source)
-      << ". Results computed before this op keep their values; set "
+      << "); inputs " << shapes_of(r) << "; recorded at " << trace::describe(r.source);
+  const std::string text = trace::source_text(r.source);
+  if (!text.empty()) out << ": " << text;
+  out << ". Results computed before this op keep their values; set "
          "neuron_lab.set_mode('blocking') to raise errors at the op itself.";
   return out.str();
 }

@@ -464,7 +464,10 @@ void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   counters().count_flush(reason);
   const bool use_cache = mode() == Mode::Adaptive && reason != Reason::Eager;
   const int64_t start = trace::now_ns();
-  launch(std::move(records), s, use_cache, reason);
+  {
+    trace::PhaseScope building(trace::HostPhase::Recording);
+    launch(std::move(records), s, use_cache, reason);
+  }
   trace::add_record_time(trace::now_ns() - start);
 }
 
@@ -601,6 +604,7 @@ thread_local bool tl_in_at_once_kernel = false;
 // Adds the host time of one try_record call to the tracing total.
 struct RecordTimer {
   int64_t start = trace::now_ns();
+  trace::PhaseScope phase{trace::HostPhase::Recording};  // this thread's share, for explain()
   ~RecordTimer() { trace::add_record_time(trace::now_ns() - start); }
 };
 

@@ -149,6 +149,11 @@ void execute(StreamState* s, Work& work, bool skip) {
     }
   }
   if (!skip) {
+    struct Busy {  // the device's busy time, counted once however many streams run
+      bool on;
+      explicit Busy(bool counts) : on(counts) { if (on) trace::busy_begin(); }
+      ~Busy() { if (on) trace::busy_end(); }
+    } busy(work.busy);
     try {
       work.run();
     } catch (abi::__forced_unwind&) {
@@ -647,9 +652,13 @@ LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced)
   if (record_) record_->source = trace::capture();
   start_ns_ = trace::now_ns();
   if (record_) record_->start_ns.store(start_ns_);
+  trace::busy_begin();
+  trace::enter_phase(trace::HostPhase::RunningOps);
 }
 
 LaunchScope::~LaunchScope() {
+  trace::exit_phase();
+  trace::busy_end();
   const int64_t end = trace::now_ns();
   trace::add_device_busy(device_, end - start_ns_);
   trace::note_launch_time(trace::LaunchKind::Inline, end - start_ns_);

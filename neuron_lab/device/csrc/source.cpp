@@ -26,6 +26,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <fstream>
 #include <unordered_map>
 #include <vector>
 
@@ -226,12 +227,63 @@ Source capture() {
   return innermost;
 }
 
+namespace {
+struct NamedFile {
+  std::string name;
+  std::vector<std::string> lines;
+};
+std::unordered_map<std::string, NamedFile>& named_files() {
+  static auto* m = new std::unordered_map<std::string, NamedFile>();
+  return *m;
+}
+constexpr size_t kMaxNamedFiles = 4096;  // a long notebook session's cells
+
+std::string strip(const std::string& text) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  const auto last = text.find_last_not_of(" \t\r\n");
+  return text.substr(first, last - first + 1);
+}
+}  // namespace
+
+void set_source_name(const std::string& file, const std::string& name, std::vector<std::string> lines) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& files = named_files();
+  if (files.size() >= kMaxNamedFiles && files.find(file) == files.end()) files.clear();
+  files[file] = NamedFile{name, std::move(lines)};
+}
+
 std::string describe(Source loc) {
   if (loc.file < 0) return "an unknown line (recorded outside Python, e.g. by autograd's backward pass)";
   std::lock_guard<std::mutex> lock(g_mutex);
   const auto& e = entries()[static_cast<size_t>(loc.file)];
+  const auto named = named_files().find(e.file);
+  if (named != named_files().end()) {  // as IPython's tracebacks name a cell's line
+    return named->second.name + ", line " + std::to_string(loc.line) +
+           (e.function == "<module>" ? std::string() : ", in " + e.function);
+  }
   return e.file + ":" + std::to_string(loc.line) + " in " + e.function;
 }
+
+std::string source_text(const SourceFrame& where) {
+  if (where.line < 1 || where.file.empty()) return "";
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto named = named_files().find(where.file);
+    if (named != named_files().end()) {
+      const auto& lines = named->second.lines;
+      return static_cast<size_t>(where.line) <= lines.size() ? strip(lines[where.line - 1]) : "";
+    }
+  }
+  std::ifstream in(where.file);
+  std::string text;
+  for (int n = 0; n < where.line && std::getline(in, text); ++n) {
+    if (n + 1 == where.line) return strip(text);
+  }
+  return "";
+}
+
+std::string source_text(Source loc) { return loc.file < 0 ? "" : source_text(frame(loc)); }
 
 SourceFrame frame(Source loc) {
   if (loc.file < 0) return {};

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <deque>
@@ -106,6 +107,87 @@ void add_device_busy(int device, int64_t ns) {
 void add_record_time(int64_t ns) { g_record_ns.fetch_add(ns, std::memory_order_relaxed); }
 void add_wait_time(int64_t ns) { g_wait_ns.fetch_add(ns, std::memory_order_relaxed); }
 
+namespace {
+// The calling thread's host phases: a stack (scopes nest), and the time charged so far.
+constexpr int kMaxPhaseDepth = 32;
+struct PhaseClock {
+  std::array<int64_t, kHostPhases> total{};
+  std::array<HostPhase, kMaxPhaseDepth> stack{};
+  int depth = 0;     // may exceed kMaxPhaseDepth: those levels are charged to the deepest kept
+  int64_t since = 0;  // when the time of the current phase was last charged
+};
+thread_local PhaseClock tl_phases;
+
+void charge_phase(PhaseClock& c, int64_t now) {
+  if (c.depth > 0) c.total[static_cast<int>(c.stack[std::min(c.depth, kMaxPhaseDepth) - 1])] += now - c.since;
+  c.since = now;
+}
+
+std::mutex g_busy_mutex;
+int g_busy_count = 0;
+int64_t g_busy_since = 0;
+int64_t g_busy_union = 0;
+
+std::mutex g_failures_mutex;
+constexpr size_t kMaxFailures = 16;
+std::deque<AsyncFailure>& failures() {
+  static auto* f = new std::deque<AsyncFailure>();
+  return *f;
+}
+}  // namespace
+
+void enter_phase(HostPhase phase) {
+  auto& c = tl_phases;
+  charge_phase(c, now_ns());
+  if (c.depth < kMaxPhaseDepth) c.stack[c.depth] = phase;
+  ++c.depth;
+}
+
+void exit_phase() {
+  auto& c = tl_phases;
+  if (c.depth == 0) return;
+  charge_phase(c, now_ns());
+  --c.depth;
+}
+
+PhaseScope::PhaseScope(HostPhase phase) { enter_phase(phase); }
+PhaseScope::~PhaseScope() { exit_phase(); }
+
+std::array<int64_t, kHostPhases> thread_phase_ns() {
+  auto c = tl_phases;  // a copy: charging it changes nothing of the thread's clock
+  charge_phase(c, now_ns());
+  return c.total;
+}
+
+void busy_begin() {
+  std::lock_guard<std::mutex> lock(g_busy_mutex);
+  if (g_busy_count++ == 0) g_busy_since = now_ns();
+}
+
+void busy_end() {
+  std::lock_guard<std::mutex> lock(g_busy_mutex);
+  if (g_busy_count == 0) return;
+  if (--g_busy_count == 0) g_busy_union += now_ns() - g_busy_since;
+}
+
+int64_t busy_union_ns() {
+  std::lock_guard<std::mutex> lock(g_busy_mutex);
+  return g_busy_union + (g_busy_count > 0 ? now_ns() - g_busy_since : 0);
+}
+
+void note_async_failure(AsyncFailure failure) {
+  failure.time_ns = now_ns();
+  std::lock_guard<std::mutex> lock(g_failures_mutex);
+  auto& kept = failures();
+  kept.push_back(std::move(failure));
+  if (kept.size() > kMaxFailures) kept.pop_front();
+}
+
+std::vector<AsyncFailure> async_failures() {
+  std::lock_guard<std::mutex> lock(g_failures_mutex);
+  return {failures().begin(), failures().end()};
+}
+
 void note_launch_time(LaunchKind kind, int64_t ns) {
   auto& ring = g_launch_times[static_cast<int>(kind)];
   const uint64_t i = ring.count.fetch_add(1, std::memory_order_relaxed);
@@ -154,6 +236,7 @@ std::vector<Event> events_since(int64_t since_ns) {
 
 SyncScope::SyncScope(Reason reason, std::string_view what, int device)
     : outermost_(tl_sync_depth++ == 0), reason_(reason), device_(device) {
+  enter_phase(HostPhase::Waiting);
   if (!outermost_) return;
   what_ = what.empty() ? reason_name(reason) : std::string(what);
   start_ = now_ns();
@@ -161,6 +244,7 @@ SyncScope::SyncScope(Reason reason, std::string_view what, int device)
 }
 
 SyncScope::~SyncScope() {
+  exit_phase();
   --tl_sync_depth;
   if (!outermost_) return;
   Event e;

@@ -10,6 +10,7 @@
 // tier, bytes, source line, the torch.profiler op that recorded it) and memory samples.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -45,6 +46,14 @@ struct SourceFrame {
 SourceFrame frame(Source loc);
 // Files under these prefixes are library code, skipped when looking for the user's line.
 void set_library_prefixes(std::vector<std::string> prefixes);
+// How a file is named to the user, and its text: IPython's "Cell In[7]" for the file a
+// notebook cell compiled to (whose text is in no file). describe() then says
+// "Cell In[7], line 4" (", in f" inside a function), as IPython's tracebacks do.
+void set_source_name(const std::string& file, const std::string& name, std::vector<std::string> lines);
+// The text of a source line, stripped: a named file's registered text, else the file
+// on disk (read only here, on error paths); "" when unknown.
+std::string source_text(const SourceFrame& where);
+std::string source_text(Source loc);
 
 // ---- torch.profiler's ops (kineto_plugin.cpp pushes and pops them) ---------------
 // While torch.profiler traces, every CPU op it records has a correlation id, pushed on
@@ -87,6 +96,31 @@ struct Totals {
   int64_t profiler_wait_ns = 0;  // waits made by profilers (ProfilerWaits), not in wait_ns
 };
 Totals totals();
+// Host time of the calling thread by what it did, each moment counted once (the
+// innermost scope wins: a wait inside recording is waiting): recording ops and
+// building launches, waiting for the device (running the launches it waits for
+// included), running ops at once on this thread. What remains of a region's wall
+// time is the user's own code. Per thread, so that a region's parts add up to its
+// wall time whatever other threads do.
+enum class HostPhase : int { Recording = 0, Waiting = 1, RunningOps = 2 };
+constexpr int kHostPhases = 3;
+class PhaseScope {
+ public:
+  explicit PhaseScope(HostPhase phase);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+};
+void enter_phase(HostPhase phase);
+void exit_phase();
+// The calling thread's totals per phase so far (an open phase up to now).
+std::array<int64_t, kHostPhases> thread_phase_ns();
+// Wall time during which at least one launch ran on any core or stream (an interval
+// counted once however many ran in it), up to now: its difference over a region is
+// at most the region's wall time.
+void busy_begin();
+void busy_end();
+int64_t busy_union_ns();
 
 // ---- the event log (bounded; always on) ------------------------------------------
 struct Event {
@@ -124,6 +158,21 @@ class SyncScope {
   int device_;
   Source source_;
 };
+
+// ---- errors raised late ----------------------------------------------------------
+// An op of a launch failed on the device; its error is raised at the next wait. Kept
+// for the last few failures, so that the layer that shows the error can point at the
+// op's line and say what was recorded after it.
+struct AsyncFailure {
+  std::string context;  // the text the error's message carries (identifies it)
+  std::string op;
+  SourceFrame recorded;  // where the failing op was recorded
+  // Ops recorded after it in its launch, which did not run: (op, line).
+  std::vector<std::pair<std::string, SourceFrame>> not_run;
+  int64_t time_ns = 0;
+};
+void note_async_failure(AsyncFailure failure);
+std::vector<AsyncFailure> async_failures();
 
 // ---- launch records (only while profiling) ----------------------------------------
 // How a graph launch ran, and what became of a launch.

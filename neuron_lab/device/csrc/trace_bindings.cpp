@@ -258,6 +258,39 @@ void register_trace_bindings(py::module& m) {
     d["profiler_wait_ns"] = t.profiler_wait_ns;
     return d;
   });
+  m.def("thread_phases", []() {
+    const auto ns = trace::thread_phase_ns();
+    py::dict d;
+    d["recording_ns"] = ns[static_cast<int>(trace::HostPhase::Recording)];
+    d["waiting_ns"] = ns[static_cast<int>(trace::HostPhase::Waiting)];
+    d["running_ops_ns"] = ns[static_cast<int>(trace::HostPhase::RunningOps)];
+    return d;
+  }, "The calling thread's host time so far: recording, waiting for the device, running ops at once (ns).");
+  m.def("busy_union_ns", &trace::busy_union_ns,
+        "Wall time so far during which at least one launch ran on any core or stream (ns).");
+  m.def(
+      "set_source_name",
+      [](const std::string& file, const std::string& name, std::vector<std::string> lines) {
+        trace::set_source_name(file, name, std::move(lines));
+      },
+      py::arg("file"), py::arg("name"), py::arg("lines"),
+      "Names a source file to the user (IPython's 'Cell In[7]') and gives its text.");
+  m.def("async_failures", []() {
+    auto frame_tuple = [](const trace::SourceFrame& f) { return py::make_tuple(f.file, f.line, f.function); };
+    py::list out;
+    for (const auto& f : trace::async_failures()) {
+      py::dict d;
+      d["context"] = f.context;
+      d["op"] = f.op;
+      d["recorded"] = frame_tuple(f.recorded);
+      py::list not_run;
+      for (const auto& [op, where] : f.not_run) not_run.append(py::make_tuple(op, frame_tuple(where)));
+      d["not_run"] = std::move(not_run);
+      d["time_ns"] = f.time_ns;
+      out.append(std::move(d));
+    }
+    return out;
+  }, "The last few ops that failed in a launch: their message context, op, line and the ops not run after them.");
   m.def("launch_times", []() {
     py::dict d;
     const char* names[] = {"graph", "op", "inline"};
