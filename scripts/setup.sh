@@ -3,12 +3,26 @@
 # package in editable mode with its test extras, its C++ extension, and Debian's
 # chromium for the browser end-to-end test (tests/e2e; NEURON_LAB_SKIP_CHROMIUM=1 skips it).
 # Idempotent: a second run only rebuilds what changed.
+#
+# Another supported combination (README, "Supported versions"), in a tree of its own
+# since the extension is built in place:
+#   PYTHON=python3.12 NEURON_LAB_TORCH=torch==2.14.1 bash scripts/setup.sh
+# PYTHON: the interpreter the venv is made from (CPython 3.11-3.13); NEURON_LAB_TORCH: the
+# torch requirement; NEURON_LAB_VENV: the venv's folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)}  # the package needs CPython 3.11
+PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)}
 VENV=${NEURON_LAB_VENV:-.venv}
-TORCH_PIN="torch==2.13.0"
+TORCH_PIN=${NEURON_LAB_TORCH:-torch==2.13.0}
+
+# An unsupported Python is refused here, before anything is installed (_build_backend.py).
+"$PYTHON" -c '
+import sys
+sys.path.insert(0, ".")
+from _build_backend import unsupported_python
+reason = unsupported_python(sys.implementation.name, tuple(sys.version_info))
+sys.exit(f"setup: {reason}" if reason else 0)'
 
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
@@ -21,13 +35,20 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
 # uv installs about 5x faster than pip here. torch itself is fetched by pip, whose
 # configuration knows where the pinned CPU build lies (an unpinned torch would pull
-# a multi-GB CUDA build), then installed by uv from that file.
+# a multi-GB CUDA build), then installed by uv from that file. Any other torch (2.14.1, or
+# 2.13.0 for another Python: CUDA builds, which run on the CPU too) is installed by pip
+# itself, whose configuration may know where their CUDA libraries lie; uv's does not.
 "${PIP[@]}" install uv
 mkdir -p build/wheels
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  "${PIP[@]}" download --no-deps -d build/wheels "$TORCH_PIN"
-  "${UV[@]}" build/wheels/torch-2.13.0*.whl setuptools wheel ninja \
-    || "${PIP[@]}" install "$TORCH_PIN" setuptools wheel ninja
+  tag=$("$VENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  if [ "$TORCH_PIN" = "torch==2.13.0" ] && [ "$tag" = cp311 ]; then
+    "${PIP[@]}" download --no-deps -d build/wheels "$TORCH_PIN"
+  fi
+  cpu_wheel=$(ls build/wheels/torch-"${TORCH_PIN#torch==}"+cpu-"$tag"-*.whl 2>/dev/null | head -1 || true)
+  if [ -z "$cpu_wheel" ] || ! "${UV[@]}" "$cpu_wheel" setuptools wheel ninja; then
+    "${PIP[@]}" install "$TORCH_PIN" setuptools wheel ninja
+  fi
 fi
 
 # The package and its other dependencies, in editable mode; NEURON_LAB_SKIP_EXTENSION
