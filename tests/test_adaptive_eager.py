@@ -150,7 +150,10 @@ def test_deterministic_algorithms_launch_op_by_op() -> None:
     ae.reset_counters()
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    was_filling = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
+    # Not filling new memory (a NaN fill per result: tests/test_deterministic_fill.py).
+    torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         y = x
         for _ in range(10):
@@ -158,6 +161,7 @@ def test_deterministic_algorithms_launch_op_by_op() -> None:
         counters = settled_counters()
     finally:
         torch.use_deterministic_algorithms(was_deterministic, warn_only=was_warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = was_filling
     assert counters["ops_recorded"] == 10
     assert counters["launches"] == 10
     assert counters["flushes"].get("eager", 0) == 10

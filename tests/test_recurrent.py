@@ -1,4 +1,4 @@
-"""nn.LSTM / nn.GRU: on accelerators PyTorch calls fused cell ops, implemented natively here."""
+"""nn.LSTM / nn.GRU and their cells on neuron, and the fused cell ops (test_recurrent_bits.py: bit for bit)."""
 
 from __future__ import annotations
 

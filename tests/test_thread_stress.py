@@ -13,6 +13,7 @@ wrong number: each thread's seeded draws and its model's losses must equal the C
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,9 @@ TIMEOUT_S = 90
 _STRESS = """
 import faulthandler, sys, threading
 faulthandler.dump_traceback_later({timeout}, exit=True)   # a hang prints every stack and fails
+sys.path.insert(0, {tests!r})
 import torch
+from thread_workloads import train_seeded_mlp
 import neuron_lab
 neuron_lab.set_mode({mode!r})
 THREADS, ROUNDS = {threads}, {rounds}
@@ -46,22 +49,7 @@ def seeded_draws(i, device):
 
 
 def train(i, device):
-    g = torch.Generator().manual_seed(i)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g))
-    model.to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    x = torch.randn(16, 8, generator=g).to(device)
-    losses = []
-    for _ in range(3):
-        loss = model(x).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return train_seeded_mlp(i, device, steps=3, optimizer="adamw")
 
 
 def dropout_step(i):
@@ -141,7 +129,8 @@ print("\\n".join(errors) if errors else "ok")
 
 @pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
 def test_threads_seeding_training_printing_syncing_profiling(mode: str) -> None:
-    code = _STRESS.format(mode=mode, threads=THREADS, rounds=ROUNDS, timeout=TIMEOUT_S)
+    code = _STRESS.format(mode=mode, threads=THREADS, rounds=ROUNDS, timeout=TIMEOUT_S,
+                          tests=os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                             timeout=TIMEOUT_S + 60)
     assert result.returncode == 0, f"the threads hung or crashed:\n{result.stdout}\n{result.stderr[-6000:]}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_in_threads, run_python
+from thread_workloads import train_seeded_mlp
 
 
 
@@ -17,23 +18,7 @@ from conftest import run_in_threads, run_python
 @pytest.mark.usefixtures("replay_tier")  # bit-for-bit: the replay tier
 def test_concurrent_training_matches_sequential() -> None:
     def train(i: int) -> list[float]:
-        device = f"neuron:{i % 2}"
-        g = torch.Generator().manual_seed(i)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-        with torch.no_grad():
-            for p in model.parameters():
-                p.copy_(torch.randn(p.shape, generator=g))
-        model.to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(32, 8, generator=g).to(device)
-        losses = []
-        for _ in range(20):
-            loss = model(x).square().mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
+        return train_seeded_mlp(i, f"neuron:{i % 2}", steps=20)
 
     sequential = [train(i) for i in range(4)]
     concurrent = run_in_threads(train, 4)

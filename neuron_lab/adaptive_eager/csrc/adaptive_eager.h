@@ -2,6 +2,7 @@
 // and launched on the stream as small fused graphs.
 //
 //   recorder.cpp  which ops can be recorded, recording them, the flush policy
+//   checked_signatures.cpp  ops whose meta kernel misses a CPU check: each signature's first call runs at once
 //   launch.cpp    a flushed buffer becomes a launch: memory for live results,
 //                 the graph cache, and execution by replay or compiled code
 //   source.cpp    the user's source line of each recorded op
@@ -286,6 +287,37 @@ c10::ScalarType norm_statistics_dtype(const at::Tensor& input, const at::Tensor*
 
 // Drops a lesson meta_for left for the calling thread (the call did not run inline).
 void forget_lesson();
+// Makes the calling thread's current op, about to run at once, teach the metadata cache its
+// results' metadata (learn_from_inline_run), whatever its meta kernel says.
+void learn_metadata_at_this_run(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                                size_t n);
+// Appends the call's signature (the op; its arguments' dtypes, shapes, strides and values)
+// to key; false if an argument cannot be part of one.
+bool call_signature(std::string& key, const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                    size_t n);
+
+// ---- checked_signatures.cpp ------------------------------------------------------------
+// For an op whose meta kernel disagrees with its CPU kernel (a check it misses, a result's
+// metadata): whether a call of this signature ran at once without an error before (the
+// checks passed, the results' metadata is learned); only then may it be recorded. If not,
+// the call runs at once and note_checked_run, after it succeeds, remembers the signature.
+// Other ops: true.
+bool signature_checked(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n);
+void note_checked_run(const c10::OperatorHandle& op);
+// Drops what signature_checked left for the calling thread (a new op starts).
+void forget_unchecked();
+// Whether every number (Scalar) argument fits the dtype of the tensor the op writes (else
+// its first tensor that is not a bool mask). Kernels
+// convert such numbers to their dtype with a check that meta kernels lack (threshold, elu,
+// full, masked_fill_ raise on a value that overflows it): a call with one that does not fit
+// runs at once, where the CPU kernel raises or not, at the op.
+bool numbers_fit(const c10::OperatorHandle& op, const c10::IValue* args, size_t n);
+// The ops whose first call of each signature runs at once ({schema name: how their meta
+// kernel disagrees}); tests replace them.
+std::map<std::string, std::string> ops_checked_at_first_call();
+void set_ops_checked_at_first_call(const std::map<std::string, std::string>& ops_and_why);
+// Forgets every checked signature (the metadata cache starts over: what it learned is gone).
+void forget_checked_signatures();
 
 struct Record {
   c10::OperatorHandle op;

@@ -99,6 +99,13 @@ void register_bindings(py::module& m) {
     d["inline_by_op"] = c.inline_by_op;
     return d;
   });
+  m.def("ops_checked_at_first_call", []() { return ops_checked_at_first_call(); },
+        "{op: how its meta kernel disagrees with its CPU kernel (a check it misses, a result's metadata)}: "
+        "the first call of each signature runs at once, so that the checks raise at the op and the "
+        "results' metadata is the CPU kernel's.");
+  m.def("set_ops_checked_at_first_call",
+        [](const std::map<std::string, std::string>& ops) { set_ops_checked_at_first_call(ops); }, py::arg("ops"),
+        "Replaces the list (tests check that each entry is still needed).");
   m.def("reset_counters", []() { counters().reset(); });
   m.def("forget_repeats", []() { repeats().reset(); },
         "Forgets whether recent graphs repeated: recording resumes at once.");

@@ -614,6 +614,7 @@ bool refuse(const char* why) {
 void start_op() {
   release_finished_work();  // what a device thread ran is dropped here, with no lock held
   forget_lesson();  // a lesson belongs to the call that set it, and no later one
+  forget_unchecked();  // so does a signature to check
   tl_run_at_once = false;  // so is a decision to run at once (the op may have failed before its host access)
   tl_in_at_once_kernel = false;
 }
@@ -687,6 +688,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // clock reads for every op a decoding loop runs).
   RecordTimer timer;
 
+  // Before the meta kernel's refusals: a call that runs at once for them checks its signature too.
+  const bool checked = signature_checked(op, cls, stack->data() + begin, n);
   MetaPtr meta;
   if (cls.functional || !scan.out_args_fresh) {
     meta = meta_for(op, cls, stack->data() + begin, n);
@@ -695,6 +698,15 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                     "whose first call imports torch._dynamo");
     }
     if (!meta->ok) return refuse("its result shapes cannot be known without running it (data-dependent or no meta kernel)");
+  }
+  if (!checked) {
+    return refuse("the first call of a signature runs at once: the CPU kernel's argument checks raise at the op, "
+                  "as CUDA's host code raises them");
+  }
+  if (!numbers_fit(op, stack->data() + begin, n)) {
+    return refuse("a number overflows the tensor's dtype: the CPU kernel decides at the op whether that is an error");
+  }
+  if (meta != nullptr) {
     for (const auto& [index, m] : meta->resized_empty_outs) {
       const auto& v = (*stack)[begin + index];
       if (!v.isTensor() || !just_made_here(v.toTensor()) || v.toTensor().storage().use_count() != 1) {
@@ -987,6 +999,7 @@ class Recorder final : public OpInterceptor {
   void after_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) override {
     tl_in_at_once_kernel = false;
     learn_from_inline_run(op, stack);
+    note_checked_run(op);
   }
   // While ops run at once (the same rule as runs_at_once, and the device is quiet), the op
   // that asks for a new tensor writes it at once: memory now, not a pending storage that is

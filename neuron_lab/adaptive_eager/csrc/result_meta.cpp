@@ -210,7 +210,10 @@ class MetaCache {
   }
   void remember(std::string key, MetaPtr result) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() > kMaxEntries) entries_.clear();
+    if (entries_.size() > kMaxEntries) {
+      entries_.clear();
+      forget_checked_signatures();  // their learned metadata is gone with it
+    }
     entries_.insert_or_assign(std::move(key), std::move(result));
   }
 
@@ -255,12 +258,19 @@ thread_local std::optional<Lesson> tl_lesson;
 
 }  // namespace
 
+bool call_signature(std::string& key, const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                    size_t n) {
+  put(key, static_cast<const void*>(&op.schema()));
+  for (size_t i = 0; i < n; ++i) {
+    if (!put_value(key, args[i], cls.float_values_free)) return false;
+  }
+  return true;
+}
+
 MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n) {
   thread_local std::string key;  // reused: no allocation per op once it has grown
   key.clear();
-  put(key, static_cast<const void*>(&op.schema()));
-  bool cacheable = true;
-  for (size_t i = 0; i < n && cacheable; ++i) cacheable = put_value(key, args[i], cls.float_values_free);
+  const bool cacheable = call_signature(key, op, cls, args, n);
   if (cacheable) {
     if (auto known = meta_cache().find(key)) return known;
   }
@@ -284,6 +294,18 @@ MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::I
 }
 
 void forget_lesson() { tl_lesson.reset(); }
+
+void learn_metadata_at_this_run(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args,
+                                size_t n) {
+  Lesson lesson{{}, &op.schema(), {}};
+  if (!call_signature(lesson.key, op, cls, args, n)) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (cls.write_arg[i] && args[i].isTensor() && args[i].toTensor().defined()) {
+      lesson.written_sizes.emplace_back(i, args[i].toTensor().sizes().vec());
+    }
+  }
+  tl_lesson = std::move(lesson);
+}
 
 void learn_from_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   if (!tl_lesson.has_value()) return;

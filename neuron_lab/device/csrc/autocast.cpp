@@ -33,7 +33,17 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_FP32_SET_OPT_DTYPE)
   AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
   AT_FORALL_PROMOTE(NEURON_PROMOTE)
-  // (PyTorch itself registers the fused RNN cells for AutocastPrivateUse1.)
+  // (PyTorch itself registers the fused RNN cells for AutocastPrivateUse1.) nn.LSTM, GRU and
+  // RNN run as the CPU runs them (rnn_as_on_cpu.cpp), in the autocast dtype: as CUDA casts
+  // the arguments of its cuDNN RNN.
+  KERNEL_PRIVATEUSEONE(lstm, input, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(lstm, data, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(gru, input, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(gru, data, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(rnn_tanh, input, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(rnn_tanh, data, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(rnn_relu, input, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(rnn_relu, data, lower_precision_fp)
   // Unsafe under autocast, as on CUDA: use binary_cross_entropy_with_logits.
   m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
          TORCH_FN(binary_cross_entropy_banned));

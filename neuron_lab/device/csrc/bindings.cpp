@@ -2,6 +2,7 @@
 // runtime's counters. Device, stream, event and memory APIs reach Python
 // through PyTorch itself (torch.accelerator, torch.Stream, torch.Event), which
 // calls the guard, hooks and allocator registered by the other files.
+#include "composite_routes.h"
 #include "python_submodules.h"
 #include "runtime.h"
 
@@ -10,6 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/core/AutogradState.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/Event.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/Generator.h>
@@ -155,6 +157,8 @@ py::dict snapshot_to_dict(const neuron::MemorySnapshot& snap) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Native runtime of the emulated NeuronCore (the `neuron` PyTorch device).";
+  // Every kernel of the extension is registered by now (static initializers run first).
+  neuron::route_composites_to_cpu_kernels();
   // The device's own submodules first: the layers above use their types (trace.Reason).
   auto trace = m.def_submodule("trace", "Launch records and the event log (neuron_lab.observability).");
   neuron::register_trace_bindings(trace);
@@ -236,6 +240,15 @@ PYBIND11_MODULE(_C, m) {
       "The allocator's segments, blocks and history, as torch.cuda.memory._snapshot() returns them.");
   m.def("drain_autograd_device_threads", &drain_autograd_device_threads, py::call_guard<py::gil_scoped_release>(),
         "Runs one backward pass, made in C++, on autograd's device thread of each core.");
+  m.def(
+      "cpu_kernel_routes",
+      []() {
+        py::dict kept;
+        for (const auto& k : neuron::kept_composites()) kept[k.op] = k.reason;
+        return py::make_tuple(neuron::cpu_kernel_routes(), kept);
+      },
+      "(ops that run their CPU kernel in place of their CompositeImplicitAutograd decomposition, "
+      "{op: why it keeps its decomposition}).");
   m.def("counters", []() {
     auto& c = neuron::op_counters();
     py::dict d;

@@ -114,6 +114,12 @@ at::Tensor to_device(const at::Tensor& cpu_tensor, c10::DeviceIndex device) {
   if (src.is_non_overlapping_and_dense()) {
     out = at::detail::empty_strided_generic(src.sizes(), src.strides(), allocator(), keys, src.scalar_type());
     if (src.numel() > 0) std::memcpy(out.data_ptr(), src.const_data_ptr(), src.nbytes());
+  } else if (src.numel() > 0 && std::all_of(src.strides().begin(), src.strides().end(), [](int64_t s) { return s >= 0; })) {
+    // The CPU kernel's layout, gaps and overlaps included (LAPACK's column-major results in
+    // padded buffers, expanded results): later ops loop over the same strides, and round
+    // as they do on the CPU. The bytes its elements span are copied.
+    out = at::detail::empty_strided_generic(src.sizes(), src.strides(), allocator(), keys, src.scalar_type());
+    std::memcpy(out.data_ptr(), src.const_data_ptr(), out.storage().nbytes());
   } else {
     out = at::detail::empty_generic(src.sizes(), allocator(), keys, src.scalar_type(), std::nullopt);
     host_alias(out).copy_(src);
@@ -486,11 +492,14 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
 namespace neuron {
 // Ops that have a CPU kernel but whose PrivateUse1 entry would otherwise be a
 // generic decomposition (CompositeExplicitAutograd) that rounds differently, or
-// a structured wrapper that makes the CPU out= kernel warn about resizing. The
-// CPU kernel, through the fallback, keeps results identical to the CPU's.
+// a structured wrapper that makes the CPU out= kernel warn about resizing, or a
+// composite that picks another algorithm off the CPU (linalg_lstsq: gelsy on the CPU,
+// another driver elsewhere). The CPU kernel, through the fallback, keeps results
+// identical to the CPU's (the bitwise sweep, tests/test_bitwise.py, finds new ones).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"mse_loss", "native_group_norm", "addr", "addr.out",
-                           "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum"}) {
+                           "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum",
+                           "linalg_lstsq"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
   // Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into

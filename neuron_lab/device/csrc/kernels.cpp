@@ -50,10 +50,9 @@ void check_creation_options(std::optional<c10::Layout> layout, std::optional<boo
               "neuron: only CPU tensors can be pinned; drop pin_memory=True for neuron tensors");
 }
 
-at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
-                               std::optional<bool> pin_memory,
-                               std::optional<c10::MemoryFormat> memory_format) {
+at::Tensor empty_unfilled(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
+                          std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                          std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   check_creation_options(layout, pin_memory);
   const auto index = target_device(device);
   if (interceptor().defers_allocation()) {
@@ -69,6 +68,13 @@ at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::Scal
                                    c10::dtype_or_default(dtype), memory_format);
 }
 
+at::Tensor empty_memory_format(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  return filled_if_deterministic(empty_unfilled(size, dtype, layout, device, pin_memory, memory_format));
+}
+
 at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
@@ -79,11 +85,12 @@ at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
     check_sizes(sizes);
     auto t = empty_pending(sizes, C10_AS_INTARRAYREF_SLOW(stride), c10::dtype_or_default(dtype), index);
     interceptor().note_fresh_output(t);
-    return t;
+    return filled_if_deterministic(std::move(t));
   }
   c10::DeviceGuard guard(c10::Device(kNeuron, index));
-  return at::detail::empty_strided_generic(C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride),
-                                           allocator(), kNeuronKeys, c10::dtype_or_default(dtype));
+  return filled_if_deterministic(at::detail::empty_strided_generic(
+      C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride), allocator(), kNeuronKeys,
+      c10::dtype_or_default(dtype)));
 }
 
 at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -91,7 +98,7 @@ at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<c10::Sc
                                  std::optional<bool> pin_memory) {
   // Autograd's memory-less zero tensors become real zeros: every neuron tensor
   // must have readable memory.
-  auto out = empty_memory_format(size, dtype, layout, device, pin_memory, std::nullopt);
+  auto out = empty_unfilled(size, dtype, layout, device, pin_memory, std::nullopt);
   return out.zero_();
 }
 
@@ -272,8 +279,10 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
   check_sizes(sizes);
   if (self.sizes() == sizes && !memory_format.has_value()) return self;  // as on the CPU: strides kept
   const auto strides = strides_for(sizes, memory_format.value_or(c10::MemoryFormat::Contiguous));
+  const auto old_nbytes = static_cast<int64_t>(self.storage().nbytes());
   grow_storage_for(self.storage(), sizes, strides, self.dtype().itemsize(), self.storage_offset());
   self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  fill_grown_if_deterministic(self, old_nbytes);
   return self;
 }
 

@@ -1,7 +1,8 @@
-// Fused LSTM and GRU cells. On accelerators (CUDA, XPU, PrivateUse1) nn.LSTM and
-// nn.GRU call these fused ops, which have no CPU kernel; here they are composed
-// from CPU ops on device memory, one launch per cell step, with the same
-// workspace layout as CUDA's so autograd's formulas apply unchanged.
+// Fused LSTM and GRU cells. On accelerators (CUDA, XPU) ATen's nn.LSTM and nn.GRU call
+// these fused ops, which have no CPU kernel; on neuron those modules take the CPU's path
+// (rnn_as_on_cpu.cpp), and these serve direct calls: composed from CPU ops on device
+// memory, one launch per cell step, with the same workspace layout as CUDA's so
+// autograd's formulas apply unchanged.
 #include "runtime.h"
 
 #include <ATen/TensorOperators.h>

@@ -13,6 +13,9 @@
 //   random_kernels.cpp  random ops that draw from the core's generator (native_dropout), and
 //                  dropout's fused pointwise ops (neuron::dropout_apply, neuron::masked_scale)
 //   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
+//   composite_routes.cpp  ops that run their CPU kernel, not their composite decomposition
+//   uninitialized_fill.cpp  deterministic mode's NaN / max fill of new memory, as on the CPU
+//   rnn_as_on_cpu.cpp  nn.LSTM / GRU / RNN and their cells take the CPU's path (oneDNN or plain ops)
 //   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
 //   small_arith.cpp   add, sub and mul of small operands with ATen's bits (small_arith.h)
 //   dense_cat.cpp     cat of small row-major tensors as block copies (dense_cat.h)
@@ -258,6 +261,9 @@ bool recording_memory_history();
 // block back uncounted when the launch is built, and its fused graph computes it in
 // scratch instead.
 c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes);  // may raise OutOfMemoryError
+// The same, or an empty DataPtr where the core is out of memory: nothing raised, logged or
+// counted (the caller frees memory and asks again; only a second failure is an OOM).
+c10::DataPtr try_allocate_pending(c10::DeviceIndex device, size_t nbytes);
 bool is_pending(const c10::DataPtr& data_ptr);
 bool is_pending(const c10::Storage& storage);
 // The pending DataPtr becomes an ordinary one, counted (false: it was not pending).
@@ -401,4 +407,12 @@ void resize_storage_bytes(const c10::Storage& storage, size_t new_size);
 namespace neuron {
 // Runs one aten op on the CPU kernel over the same memory (fallback.cpp).
 void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// ---- deterministic mode's fill of new memory (uninitialized_fill.cpp) --------
+// Deterministic algorithms with torch.utils.deterministic.fill_uninitialized_memory.
+bool fills_uninitialized_memory();
+// A new empty tensor, filled as the CPU's empty fills it.
+at::Tensor filled_if_deterministic(at::Tensor t);
+// After resize_ grew t's storage from old_storage_nbytes: fills the new bytes.
+void fill_grown_if_deterministic(const at::Tensor& t, int64_t old_storage_nbytes);
 }  // namespace neuron
