@@ -29,6 +29,8 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
