@@ -3,8 +3,8 @@
 
 For each combination, in a copy of this working tree (the extension is built in place, one per
 tree): ``scripts/setup.sh`` with that Python and torch (a fresh venv, torch, the package with
-its test extras, the C++ extension), the core suite (``pytest -m core``; ``--suite full`` for
-the whole suite) and one notebook under nbval; then a table of what each cost and counted.
+its test extras, the C++ extension), the core suite (the files tests/core.txt lists; ``--suite
+full`` for the whole suite) and one notebook under nbval; then a table of what each cost and counted.
 
     python3 scripts/matrix.py                                   # 3.11-3.13 x torch 2.13.0, 2.14.1
     python3 scripts/matrix.py --pythons 3.12 --torches 2.14.1 --suite full --keep
@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Result", "run_combination", "main"]
+__all__ = ["Result", "core_tests", "find_python", "run_combination", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -67,13 +67,25 @@ class Result:
 
 
 def find_python(version: str) -> str | None:
-    """An interpreter for ``version``: python3.X on PATH, else pyenv's newest 3.X."""
-    found = shutil.which(f"python{version}")
-    if found:
-        return found
+    """An interpreter for ``version`` that runs: pyenv's newest 3.X, else python3.X on PATH (which
+    may be a pyenv shim that fails where that version is not selected)."""
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = sorted(pyenv.glob(f"{version}.*/bin/python{version}"), key=lambda p: [int(x) for x in p.parts[-3].split(".") if x.isdigit()])
-    return str(candidates[-1]) if candidates else None
+    candidates = sorted(
+        pyenv.glob(f"{version}.*/bin/python{version}"),
+        key=lambda p: [int(x) if x.isdigit() else -1 for x in p.parts[-3].split(".")],
+        reverse=True,
+    )
+    on_path = shutil.which(f"python{version}")
+    for candidate in [*map(str, candidates), *([on_path] if on_path else [])]:
+        if subprocess.run([candidate, "-c", ""], capture_output=True, timeout=60).returncode == 0:
+            return candidate
+    return None
+
+
+def core_tests(root: Path = ROOT) -> list[str]:
+    """The core suite's test files (tests/core.txt)."""
+    lines = (root / "tests" / "core.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def copy_tree(dest: Path) -> None:
@@ -146,10 +158,10 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
     venv_python = str(tree / ".venv" / "bin" / "python")
     # The Binder test builds its own environment from binder/ (Python 3.11, torch 2.13.0),
     # whatever the combination: it runs in the main combination's suite.
-    selection = ["-m", "core"] if suite == "core" else ["-m", "not binder"]
+    selection = core_tests(tree) if suite == "core" else ["tests", "-m", "not binder"]
     junit = tree / "suite.xml"
     rc, result.suite_s = run(
-        [venv_python, "-m", "pytest", "tests", *selection, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
+        [venv_python, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
         log, env, tree, 7200,
     )
     if junit.exists():
@@ -175,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.11,3.12")
     parser.add_argument("--torches", default=",".join(TORCHES), help="comma-separated, e.g. 2.13.0,2.14.1")
     parser.add_argument("--suite", choices=("core", "full"), default="core",
-                        help="core: pytest -m core (the reduced suite CI runs on a second combination); full: every test")
+                        help="core: the files tests/core.txt lists (the reduced suite CI runs on a second combination); full: every test")
     parser.add_argument("--work", type=Path, default=Path("/tmp/neuron_lab-matrix"), help="where the copies and venvs go")
     parser.add_argument("--wheels", type=Path, default=None, help="torch's wheels, shared by the runs (default: WORK/wheels)")
     parser.add_argument("--jobs", default=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), help="compile jobs (MAX_JOBS)")
