@@ -12,15 +12,14 @@ import os
 import sys
 from pathlib import Path
 
-# pyproject.toml's requires-python, for builds that do not read it (python setup.py ...).
-SUPPORTED_PYTHON = (3, 11)
-if sys.implementation.name != "cpython" or sys.version_info[:2] != SUPPORTED_PYTHON:
-    sys.exit(
-        f"neuron_lab builds for CPython {SUPPORTED_PYTHON[0]}.{SUPPORTED_PYTHON[1]} only, not "
-        f"{sys.implementation.name} {sys.version_info[0]}.{sys.version_info[1]}: the device reads each op's "
-        "source line from CPython 3.11's frame stack while torch has released the GIL. "
-        "Create the environment with python3.11 (e.g. `python3.11 -m venv .venv`)."
-    )
+# pyproject.toml's requires-python, for builds that do not read it (python setup.py ...):
+# the build backend's check, before torch is imported.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _build_backend import unsupported_python  # noqa: E402
+
+_reason = unsupported_python(sys.implementation.name, tuple(sys.version_info))
+if _reason is not None:
+    sys.exit(f"error: {_reason}")
 
 # Importing torch must not try to load the very extension this script builds.
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"

@@ -4,12 +4,26 @@
 # chromium for the browser end-to-end test (tests/e2e; NEURON_LAB_SKIP_CHROMIUM=1 skips it).
 # Idempotent: a second run only rebuilds what changed. Says each step, its progress and
 # its time as it goes (full logs in build/*.log).
+#
+# Another supported combination (README, "Supported versions"), in a tree of its own
+# since the extension is built in place:
+#   PYTHON=python3.12 NEURON_LAB_TORCH=torch==2.14.1 bash scripts/setup.sh
+# PYTHON: the interpreter the venv is made from (CPython 3.11-3.13); NEURON_LAB_TORCH: the
+# torch requirement; NEURON_LAB_VENV: the venv's folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)}  # the package needs CPython 3.11
+PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)}
 VENV=${NEURON_LAB_VENV:-.venv}
-TORCH_PIN="torch==2.13.0"
+TORCH_PIN=${NEURON_LAB_TORCH:-torch==2.13.0}
+
+# An unsupported Python is refused here, before anything is installed (_build_backend.py).
+"$PYTHON" -c '
+import sys
+sys.path.insert(0, ".")
+from _build_backend import unsupported_python
+reason = unsupported_python(sys.implementation.name, tuple(sys.version_info))
+sys.exit(f"setup: {reason}" if reason else 0)'
 STEPS=6
 SETUP_START=$SECONDS
 STEP_START=$SECONDS
@@ -44,19 +58,27 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 
 # uv installs about 5x faster than pip here. torch itself is fetched by pip, whose
 # configuration knows where the pinned CPU build lies (an unpinned torch would pull
-# a multi-GB CUDA build), then installed by uv from that file.
+# a multi-GB CUDA build), then installed by uv from that file. Any other torch (2.14.1, or
+# 2.13.0 for another Python: CUDA builds, which run on the CPU too) is installed by pip
+# itself, whose configuration may know where their CUDA libraries lie; uv's does not.
 step 2 "uv, the installer (pip install uv)"
 "${PIP[@]}" install -q uv 2>&1 | indent
 took "$("$VENV/bin/uv" --version)"
 
-step 3 "$TORCH_PIN, the CPU build (a download of about 200 MB, then the install)"
+step 3 "$TORCH_PIN (the CPU build for CPython 3.11 and 2.13.0: a download of about 200 MB; others are CUDA builds of several GB)"
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  # pip's progress bar when this runs in a terminal; one line per file in a log.
-  "${PIP[@]}" download --no-deps --progress-bar "$([ -t 1 ] && echo on || echo off)" -d build/wheels "$TORCH_PIN" \
-    2>&1 | { grep -v -e '^Saved ' -e '^Successfully downloaded' || true; } | indent
+  tag=$("$VENV/bin/python" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  mkdir -p build/wheels
+  if [ "$TORCH_PIN" = "torch==2.13.0" ] && [ "$tag" = cp311 ]; then
+    # pip's progress bar when this runs in a terminal; one line per file in a log.
+    "${PIP[@]}" download --no-deps --progress-bar "$([ -t 1 ] && echo on || echo off)" -d build/wheels "$TORCH_PIN" \
+      2>&1 | { grep -v -e '^Saved ' -e '^Successfully downloaded' || true; } | indent
+  fi
+  cpu_wheel=$(ls build/wheels/torch-"${TORCH_PIN#torch==}"+cpu-"$tag"-*.whl 2>/dev/null | head -1 || true)
   echo "setup         installing torch, setuptools, wheel, ninja"
-  "${UV[@]}" build/wheels/torch-2.13.0*.whl setuptools wheel ninja 2>&1 | indent \
-    || "${PIP[@]}" install "$TORCH_PIN" setuptools wheel ninja 2>&1 | indent
+  if [ -z "$cpu_wheel" ] || ! "${UV[@]}" "$cpu_wheel" setuptools wheel ninja 2>&1 | indent; then
+    "${PIP[@]}" install "$TORCH_PIN" setuptools wheel ninja 2>&1 | indent
+  fi
   took "$("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)') installed"
 else
   took "$("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)') already installed"

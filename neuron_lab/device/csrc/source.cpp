@@ -4,9 +4,12 @@
 // Ops are dispatched with the GIL released, and taking it back per op would
 // stall behind any other Python thread (the background compiler); CPython's public
 // frame APIs need the GIL. So the calling thread's own frame stack is read instead,
-// through CPython 3.11's frame structs: it cannot change while this thread runs C++,
-// and nothing is allocated or reference-counted. That ties the package to CPython
-// 3.11 (pyproject.toml's requires-python; setup.py refuses other versions).
+// through CPython's frame structs: it cannot change while this thread runs C++,
+// and nothing is allocated or reference-counted. Those structs are private and change
+// between minor versions, so the few fields read are reached through the accessors
+// below, one set per CPython version, chosen when the extension is compiled (it is
+// built for one Python anyway): 3.11, 3.12 and 3.13 (pyproject.toml's requires-python;
+// _build_backend.py and setup.py refuse other versions before anything is built).
 //
 // Cost: a walk over the innermost frames, skipping library frames (torch,
 // neuron_lab, the standard library), one lock-free per-thread lookup per frame and
@@ -16,8 +19,8 @@
 
 #include <Python.h>
 
-#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
-#error "neuron_lab reads CPython 3.11's frame stack (see above): build it with Python 3.11"
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030E0000
+#error "neuron_lab reads CPython 3.11-3.13's frame stack (see above): build it with one of those"
 #endif
 #define Py_BUILD_CORE 1
 #include <internal/pycore_frame.h>
@@ -27,11 +30,48 @@
 #include <atomic>
 #include <deque>
 #include <fstream>
+#include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace neuron::trace {
 namespace {
+
+// ---- the frame stack, per CPython version ----------------------------------------
+// The innermost frame of a thread: 3.11 and 3.12 keep it in the thread's C frame
+// (tstate->cframe), 3.13 in the thread state itself.
+inline _PyInterpreterFrame* innermost_frame(PyThreadState* ts) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return ts->current_frame;
+#else
+  return ts->cframe == nullptr ? nullptr : ts->cframe->current_frame;
+#endif
+}
+
+// A frame's code object, or nullptr for a frame that runs none. 3.13 renamed f_code to
+// f_executable, which holds a code object or None (the C stack's entry frames).
+inline PyCodeObject* code_of(_PyInterpreterFrame* f) {
+#if PY_VERSION_HEX >= 0x030D0000
+  return PyCode_Check(f->f_executable) ? reinterpret_cast<PyCodeObject*>(f->f_executable) : nullptr;
+#else
+  return f->f_code;
+#endif
+}
+
+// Whether a frame runs code yet: not still setting up (before its first traceable
+// instruction) and not the interpreter's own entry frame on the C stack (3.12 and 3.13;
+// 3.13's header tests that first, 3.12's entry frame fails the first test).
+inline bool is_running_code(_PyInterpreterFrame* f) {
+#if PY_VERSION_HEX >= 0x030C0000
+  if (f->owner == FRAME_OWNED_BY_CSTACK) return false;
+#endif
+  return code_of(f) != nullptr && !_PyFrame_IsIncomplete(f);
+}
+
+// The code unit a frame is at, as CPython's frame.f_lasti counts (in units): the header's
+// macro reads prev_instr (3.11, 3.12) or instr_ptr (3.13).
+inline int instruction_of(_PyInterpreterFrame* f) { return _PyInterpreterFrame_LASTI(f); }
 
 struct CodeEntry {
   std::string file, function;
@@ -155,7 +195,7 @@ thread_local std::array<LineTable, kLineTables> tl_tables;
 
 int decode_line(PyCodeObject* code, int lasti) {
   if (lasti < 0) return code->co_firstlineno;  // as PyCode_Addr2Line
-  const Py_ssize_t units = Py_SIZE(code);      // CPython 3.11: the code's length in code units
+  const Py_ssize_t units = Py_SIZE(code);      // CPython 3.11-3.13: the code's length in code units
   if (units > kMaxTabledUnits || lasti >= units) {
     return PyCode_Addr2Line(code, lasti * static_cast<int>(sizeof(_Py_CODEUNIT)));
   }
@@ -210,21 +250,20 @@ void set_library_prefixes(std::vector<std::string> prefixes) {
 
 Source capture() {
   if (!Py_IsInitialized()) return {};
-  Source innermost;
   PyThreadState* ts = PyGILState_GetThisThreadState();
-  if (ts == nullptr || ts->cframe == nullptr) return {};
-  auto line_of = [](_PyInterpreterFrame* f) { return cached_line(f->f_code, _PyInterpreterFrame_LASTI(f)); };
-  _PyInterpreterFrame* frame = ts->cframe->current_frame;
+  if (ts == nullptr) return {};
+  auto line_of = [](_PyInterpreterFrame* f) { return cached_line(code_of(f), instruction_of(f)); };
   _PyInterpreterFrame* first = nullptr;
   int32_t first_id = -1;
-  for (int depth = 0; frame != nullptr && depth < 64; frame = frame->previous) {
-    if (_PyFrame_IsIncomplete(frame)) continue;
-    const auto& code = lookup(frame->f_code);
+  int depth = 0;
+  for (_PyInterpreterFrame* frame = innermost_frame(ts); frame != nullptr && depth < 64; frame = frame->previous) {
+    if (!is_running_code(frame)) continue;
+    const auto& code = lookup(code_of(frame));
     if (depth++ == 0) first = frame, first_id = code.id;
     if (!code.library) return {code.id, line_of(frame)};  // a line number only for the frame kept
   }
-  if (first != nullptr) innermost = {first_id, line_of(first)};
-  return innermost;
+  if (first != nullptr) return {first_id, line_of(first)};
+  return {};
 }
 
 namespace {
