@@ -235,6 +235,36 @@ def test_a_checked_signature_does_not_hide_a_later_error(mode: str) -> None:
         assert x.cpu().tolist() == [2.0, 0.0, 2.0, 0.0]
 
 
+# Random ops whose CPU kernel checks its distribution's parameters on the host, as CUDA's
+# does: (name, call with good or bad parameters on a pending tensor of the device).
+RANDOM_PARAMETER_CASES = {
+    "uniform_": lambda x, bad: x.uniform_(3.0, -1.0) if bad else x.uniform_(0.0, 1.0),
+    "normal_": lambda x, bad: x.normal_(0.0, -1.0) if bad else x.normal_(0.0, 1.0),
+    "random_": lambda x, bad: x.random_(5, 2) if bad else x.random_(2, 5),
+    "exponential_": lambda x, bad: x.exponential_(-1.0) if bad else x.exponential_(1.0),
+    "bernoulli_": lambda x, bad: x.bernoulli_(1.5) if bad else x.bernoulli_(0.5),
+    "multinomial": lambda x, bad: torch.multinomial(x.abs() + 1, 9 if bad else 2),
+}
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "eager"])
+@pytest.mark.parametrize("case", RANDOM_PARAMETER_CASES)
+def test_a_random_op_checks_its_parameters_at_the_op(case: str, mode: str) -> None:
+    """A good call of the signature first, then a bad one: the parameters are part of what
+    is checked, so the bad call still raises at the op, not at the next wait."""
+    call = RANDOM_PARAMETER_CASES[case]
+    with pytest.raises(RuntimeError):
+        call(torch.ones(4), True)
+    with neuron_lab.mode(mode):
+        for _ in range(3):
+            ae.forget_repeats()
+            call(torch.ones(4, device="neuron") * 2, False)  # a pending tensor
+        ae.forget_repeats()
+        with pytest.raises(RuntimeError):
+            call(torch.ones(4, device="neuron") * 2, True)
+        torch.neuron.synchronize()  # nothing left to raise
+
+
 # Ops given a number (Scalar) that overflows the tensor's dtype: the CPU kernel converts it
 # with a check that meta kernels lack. (op, call with a number of the device).
 NUMBER_CASES = {
@@ -265,13 +295,16 @@ def test_a_number_that_overflows_the_dtype_raises_at_the_op(case: str, mode: str
 
 
 def test_numbers_that_fit_their_tensor_are_recorded() -> None:
-    """The overflow rule looks at the tensor a number goes into (not a bool mask): -inf as
-    where's or masked_fill's value, a large clamp bound, are recorded as usual."""
+    """The overflow rule looks at the tensor a number is computed in (not a bool mask, not a
+    comparison's bool result): -inf as where's or masked_fill's value, a large clamp bound, a
+    token id compared, are recorded as usual."""
     with neuron_lab.mode("adaptive"):
         x = torch.randn(8, device="neuron")
+        ids = torch.arange(8, device="neuron")
         mask = x > 0
         calls = [lambda: torch.where(mask, x, float("-inf")), lambda: x.masked_fill(mask, float("-inf")),
-                 lambda: x.clamp(min=-1e30), lambda: torch.where(mask, x, -1e9)]
+                 lambda: x.clamp(min=-1e30), lambda: torch.where(mask, x, -1e9),
+                 lambda: (ids + 1) == 50256, lambda: ids < 1e12, lambda: x > 1e30]
         for _ in range(3):  # first calls: signatures checked or learned
             for call in calls:
                 call()
@@ -281,5 +314,6 @@ def test_numbers_that_fit_their_tensor_are_recorded() -> None:
         for call in calls:
             call()
         recorded = ae.counters()["ops_recorded"]
+        inline = ae.counters()["inline_by_op"]
         torch.neuron.synchronize()
-    assert recorded >= len(calls), ae.counters()["inline_by_op"]
+    assert recorded >= len(calls) and not inline, inline

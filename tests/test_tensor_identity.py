@@ -182,7 +182,15 @@ def test_results_not_computed_yet_never_run_the_device_out_of_memory() -> None:
         for _ in range(40):
             y = y * 1.5 - 0.5          # two dead intermediates of 4 MiB a step
         print(y[:2].tolist(), torch.neuron.max_memory_allocated() <= 64 * 2**20,
-              ae.counters()["syncs"].get("out of memory", 0) > 0)
+              ae.counters()["syncs"].get("out of memory", 0) > 0,
+              torch.neuron.memory_stats()["num_ooms"])   # a wait that frees enough is no OOM
+        waits = ae.counters()["syncs"].get("out of memory", 0)
+        try:
+            torch.empty(1 << 30, device="neuron")     # beyond the core: one OOM, counted once
+        except torch.OutOfMemoryError:
+            pass
+        print(torch.neuron.memory_stats()["num_ooms"],
+              ae.counters()["syncs"].get("out of memory", 0) - waits)  # nothing recorded: no wait
     """, env={"NEURON_LAB_CORE_MEMORY": "64MiB"})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["[1.0,", "1.0]", "True", "True"]
+    assert result.stdout.split() == ["[1.0,", "1.0]", "True", "True", "0", "1", "0"]

@@ -286,9 +286,10 @@ def test_recycled_host_aliases_take_each_new_tensors_dtype_shape_and_bits() -> N
     start = torch.randn(6, 5)
     want = program(start.clone())
     with neuron_lab.mode("blocking"):
+        program(start.to("neuron"))  # fills the cache's slots, whatever ran before this test
         recycled = recycled_count()
         got = program(start.to("neuron"))
-        assert recycled_count() - recycled > 100
+        assert recycled_count() - recycled > 50  # the path below is exercised, many times over
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape, i
         assert _same_bits(g.cpu(), w), i

@@ -67,10 +67,10 @@ def _on_first_use() -> None:
 
 def _finish_at_exit() -> None:
     from neuron_lab.adaptive_eager import compiler, stats
-    from neuron_lab.device import _C
+    from neuron_lab.device.api import _is_in_bad_fork
     from neuron_lab.device.trace import Reason
 
-    if _C.in_bad_fork():
+    if _is_in_bad_fork():
         return  # a child forked after the device started: the work is the parent's
 
     try:

@@ -17,7 +17,12 @@
 // accepted is recorded, with the metadata the CPU kernel gave. Checks on tensor values (an
 // index out of range) raise later, as CUDA's device-side asserts do.
 //
-// Which ops: a list. Every op would be exact, but would also run the first call of every
+// Which ops: a list, and every op that draws random numbers (a Generator argument): their
+// CPU kernels check their distribution's parameters on the host (uniform_'s from <= to,
+// normal_'s std >= 0, multinomial's sample count), which their meta kernels do not; their
+// signature keys those parameters by value, as the check sees them.
+//
+// Every op would be exact, but would also run the first call of every
 // new shape at once (a loop whose shapes grow would never be recorded).
 // tests/test_opinfo_errors.py (PyTorch's error inputs, in every mode) and
 // tests/test_bitwise.py (results' bits and strides) fail on a new member, and check that
@@ -87,6 +92,7 @@ bool overflows_dtype(From v, c10::ScalarType dtype) {
 // overflow bits of float values and of numbers wrapped as tensors.
 struct CheckedParts {
   std::string& key;
+  bool exact_numbers;  // key float values exactly, not by the dtypes they overflow
   c10::SmallVector<const c10::StorageImpl*, 8> storages;
 
   void tensor(const at::Tensor& t) {
@@ -118,7 +124,11 @@ struct CheckedParts {
         if (!value(e)) return false;
       }
     } else if (v.isDouble()) {
-      put(key, overflows(v.toDouble()));
+      if (exact_numbers) {
+        put(key, v.toDouble());
+      } else {
+        put(key, overflows(v.toDouble()));
+      }
     } else if (v.isComplexDouble()) {
       return false;
     }
@@ -193,7 +203,16 @@ std::unordered_map<std::string, std::string>& ops() {
 }
 std::atomic<uint64_t> g_ops_version{1};
 
-// Whether the op is listed; cached per thread by schema, until the list changes.
+bool draws_random_numbers(const c10::FunctionSchema& schema) {
+  for (const auto& arg : schema.arguments()) {
+    auto type = arg.type();
+    if (type->kind() == c10::TypeKind::OptionalType) type = type->expectRef<c10::OptionalType>().getElementType();
+    if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  }
+  return false;
+}
+
+// Whether the op is listed or draws; cached per thread by schema, until the list changes.
 bool checks_beyond_meta(const c10::OperatorHandle& op) {
   struct Known {
     uint64_t version;
@@ -209,6 +228,7 @@ bool checks_beyond_meta(const c10::OperatorHandle& op) {
     std::lock_guard<std::mutex> lock(ops_mutex());
     listed = ops().count(schema->name()) != 0;
   }
+  listed = listed || draws_random_numbers(*schema);
   known[schema] = Known{version, listed};
   return listed;
 }
@@ -217,18 +237,22 @@ bool checks_beyond_meta(const c10::OperatorHandle& op) {
 
 bool numbers_fit(const c10::OperatorHandle& op, const c10::IValue* args, size_t n) {
   const auto& defs = op.schema().arguments();
-  // The tensor the numbers go into: the one the op writes, else its first tensor that is no
-  // mask (where(condition, self, -inf) converts -inf to self's dtype, not to bool).
+  // The tensor whose dtype the numbers are computed in: the first argument that is no mask
+  // and no out= (where(condition, self, -inf) converts -inf to self's dtype, not to bool;
+  // eq(x, 50256, out=) compares in x's dtype and writes bools), else the first argument
+  // that is no out=, else the out= (full's only tensor).
   const at::Tensor* target = nullptr;
-  for (size_t i = 0; i < n && i < defs.size() && target == nullptr; ++i) {
-    const bool written = defs[i].alias_info() != nullptr && defs[i].alias_info()->isWrite();
-    if (written && args[i].isTensor() && args[i].toTensor().defined()) target = &args[i].toTensor();
-  }
-  for (size_t i = 0; i < n && target == nullptr; ++i) {
-    if (args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().scalar_type() != at::kBool) {
+  auto first = [&](bool allow_bool, bool allow_out) {
+    for (size_t i = 0; i < n && i < defs.size() && target == nullptr; ++i) {
+      if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
+      if (!allow_out && defs[i].is_out()) continue;
+      if (!allow_bool && args[i].toTensor().scalar_type() == at::kBool) continue;
       target = &args[i].toTensor();
     }
-  }
+  };
+  first(/*allow_bool=*/false, /*allow_out=*/false);
+  if (target == nullptr) first(/*allow_bool=*/true, /*allow_out=*/false);
+  if (target == nullptr) first(/*allow_bool=*/true, /*allow_out=*/true);
   if (target == nullptr) return true;
   const auto dtype = target->scalar_type();
   for (size_t i = 0; i < n && i < defs.size(); ++i) {
@@ -263,7 +287,7 @@ bool signature_checked(const c10::OperatorHandle& op, const OpClass& cls, const 
   if (!checks_beyond_meta(op)) return true;
   thread_local std::string key;  // reused: no allocation per op once it has grown
   key.clear();
-  CheckedParts parts{key, {}};
+  CheckedParts parts{key, draws_random_numbers(op.schema()), {}};
   bool keyed = call_signature(key, op, cls, args, n);
   for (size_t i = 0; i < n && keyed; ++i) keyed = parts.value(args[i]);
   if (!keyed) return false;  // runs at once every time: nothing to remember it by

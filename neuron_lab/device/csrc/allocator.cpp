@@ -261,6 +261,9 @@ std::string format_bytes(int64_t bytes) {
 
 class NeuronAllocator final : public c10::DeviceAllocator {
  public:
+  // What a request that the core cannot hold does.
+  enum class OnOutOfMemory { Raise, ReturnNull };
+
   c10::DataPtr allocate(size_t nbytes) override {
     const c10::DeviceIndex device = current_device();
     if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
@@ -401,7 +404,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     count<Sign>(core.stats.inactive_split_bytes, block, static_cast<int64_t>(block->size));
   }
 
-  Block* acquire(c10::DeviceIndex device, size_t nbytes, bool counted = true) {
+  Block* acquire(c10::DeviceIndex device, size_t nbytes, bool counted = true,
+                 OnOutOfMemory on_oom = OnOutOfMemory::Raise) {
     auto& core = core_for(device);
     const size_t size = rounded_size(nbytes);
     const bool small = size <= kSmallBlock;
@@ -417,7 +421,8 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     } else {
       block = take_free_block(core, small, size);
       if (block == nullptr && empty_quick_bins(core)) block = take_free_block(core, small, size);
-      if (block == nullptr) block = new_segment(core, device, size, small, nbytes, stream, frames);
+      if (block == nullptr) block = new_segment(core, device, size, small, nbytes, stream, frames, on_oom);
+      if (block == nullptr) return nullptr;  // OnOutOfMemory::ReturnNull
     }
     if (worth_splitting(block, size)) {
       auto* rest = core.make_block(static_cast<char*>(block->ptr) + size, block->size - size, device, block->segment);
@@ -444,8 +449,9 @@ class NeuronAllocator final : public c10::DeviceAllocator {
 
  public:
   // A pending result's block (see Block::counted).
-  c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes) {
-    Block* block = acquire(device, nbytes, /*counted=*/false);
+  c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes, OnOutOfMemory on_oom) {
+    Block* block = acquire(device, nbytes, /*counted=*/false, on_oom);
+    if (block == nullptr) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
     return c10::DataPtr(block->ptr, block, &NeuronAllocator::release_pending_context, c10::Device(kNeuron, device));
   }
 
@@ -476,7 +482,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   }
 
   Block* new_segment(Core& core, c10::DeviceIndex device, size_t size, bool small, size_t nbytes,
-                     c10::StreamId stream, const Frames& frames) {
+                     c10::StreamId stream, const Frames& frames, OnOutOfMemory on_oom) {
     auto& s = core.stats;
     const int64_t capacity = core_capacity();
     const auto fits = [&](size_t bytes) {
@@ -486,6 +492,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     if (!fits(bytes) && release_cached(core) > 0) s.num_alloc_retries += 1;
     if (!fits(bytes)) bytes = size;  // a segment just as large as the request may still fit
     void* ptr = fits(bytes) ? allocate_segment(device, bytes) : nullptr;  // shareable pages (segment_memory.h)
+    if (ptr == nullptr && on_oom == OnOutOfMemory::ReturnNull) return nullptr;
     if (ptr == nullptr) {
       s.num_ooms += 1;
       log(core, "oom", nullptr, static_cast<int64_t>(size), stream, frames);
@@ -879,7 +886,11 @@ MemorySnapshot memory_snapshot() {
 // ---- memory of results not computed yet (pending.cpp) ----------------------------------
 
 c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes) {
-  return g_allocator->allocate_pending(device, nbytes);
+  return g_allocator->allocate_pending(device, nbytes, NeuronAllocator::OnOutOfMemory::Raise);
+}
+
+c10::DataPtr try_allocate_pending(c10::DeviceIndex device, size_t nbytes) {
+  return g_allocator->allocate_pending(device, nbytes, NeuronAllocator::OnOutOfMemory::ReturnNull);
 }
 
 bool is_pending(const c10::DataPtr& data_ptr) {

@@ -54,16 +54,27 @@ void register_pending(const c10::intrusive_ptr<c10::StorageImpl>& storage) {
   r.emplace_back(storage);
 }
 
+// Whether a pending storage of the device is alive (a recorded op's result, which holds its
+// block until its launch runs).
+bool any_pending_on(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const auto& w : registry()) {
+    auto s = w.lock();
+    if (s && s->device().index() == device && is_pending(c10::Storage(std::move(s)))) return true;
+  }
+  return false;
+}
+
 // Device memory for a new pending storage. Recorded ops that nothing holds any more still
 // hold their results' memory until their launch runs; out of memory, those launches run
 // and give it back (their dead intermediates move to scratch), and the request is tried
-// once more before the allocator's OutOfMemoryError reaches the caller.
+// once more before the allocator's OutOfMemoryError reaches the caller (and counts, once,
+// in torch.neuron.memory_stats()["num_ooms"]).
 c10::DataPtr allocate_pending_or_wait(c10::DeviceIndex device, size_t nbytes) {
-  try {
-    return allocate_pending(device, nbytes);
-  } catch (const c10::OutOfMemoryError&) {
-    if (on_device_thread()) throw;
-  }
+  if (on_device_thread()) return allocate_pending(device, nbytes);
+  if (c10::DataPtr memory = try_allocate_pending(device, nbytes)) return memory;
+  // Nothing queued or recorded holds memory: waiting frees nothing (and would show as a wait).
+  if (device_quiet() && !any_pending_on(device)) return allocate_pending(device, nbytes);
   synchronize_device(device, Reason::OutOfMemory);
   release_finished_work();
   return allocate_pending(device, nbytes);

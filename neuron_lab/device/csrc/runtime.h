@@ -261,6 +261,9 @@ bool recording_memory_history();
 // block back uncounted when the launch is built, and its fused graph computes it in
 // scratch instead.
 c10::DataPtr allocate_pending(c10::DeviceIndex device, size_t nbytes);  // may raise OutOfMemoryError
+// The same, or an empty DataPtr where the core is out of memory: nothing raised, logged or
+// counted (the caller frees memory and asks again; only a second failure is an OOM).
+c10::DataPtr try_allocate_pending(c10::DeviceIndex device, size_t nbytes);
 bool is_pending(const c10::DataPtr& data_ptr);
 bool is_pending(const c10::Storage& storage);
 // The pending DataPtr becomes an ordinary one, counted (false: it was not pending).
