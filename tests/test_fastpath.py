@@ -207,3 +207,17 @@ def test_kernels_md_lists_every_registered_kernel_with_its_family_and_what_it_mi
     for k in fastpath.kernels():
         assert k["mirrors"], k
     assert re.search(r"\| {}\b".format(re.escape(fastpath.VALIDATED_TORCH[0])), text)
+
+
+def test_validate_checks_a_recorded_results_layout_against_the_cpu_kernel(restore_mode):
+    """Recorded small arithmetic sizes its result with an empty-result kernel; validate checks
+    that layout against the CPU kernel's, which keeps a size-1 dim's own stride where meta's
+    does not ([1, 4, 1, 8] of strides [32, 8, 32, 1] times a number: the CPU's result keeps 32)."""
+    fastpath.set_mode("validate")
+    x = torch.randn(32).as_strided((1, 4, 1, 8), (32, 8, 32, 1))
+    d = torch.empty_strided(x.shape, x.stride(), device="neuron").copy_(x)
+    with neuron_lab.mode("eager"):
+        got = (d * 2).cpu()
+    expected = x * 2
+    assert got.stride() == expected.stride() == (32, 8, 32, 1)
+    assert torch.equal(got, expected)
