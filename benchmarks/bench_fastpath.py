@@ -2,8 +2,9 @@
 equal thread budget: the keep/delete table of issue 47.
 
 For each workload and thread count, one process builds the workload on the ``neuron`` device
-and times it in alternating rounds; each round runs every configuration once, in a rotating
-order, and waits for all device work at the end of each timed region:
+and times it in alternating rounds; each round runs every configuration, in a rotating order:
+one untimed step after the switch, then ``--inner`` timed steps, waiting for all device work
+at the end of the timed region:
 
   ``on``          every family on (the default);
   ``off``         NEURON_LAB_FASTPATH=off (ATen's kernels only);
@@ -80,8 +81,9 @@ def _llama_generate() -> Callable[[], None]:
 
 
 def _resnet18_train() -> Callable[[], None]:
-    """ResNet-18 (transformers' ResNet, basic blocks 2-2-2-2, BatchNorm), batch 8 x 64x64: torchvision
-    is not installed here, and transformers' model is the same network."""
+    """ResNet-18 (transformers' ResNet, basic blocks 2-2-2-2, BatchNorm), batch 4 x 32x32 (a step
+    of 8 x 64x64 takes seconds on the shared 2-core machine): torchvision is not installed here,
+    and transformers' model is the same network."""
     import torch
     import transformers as hf
 
@@ -91,8 +93,8 @@ def _resnet18_train() -> Callable[[], None]:
     model = hf.ResNetForImageClassification(config).to("neuron").train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(8, 3, 64, 64, generator=g).to("neuron")
-    y = torch.randint(0, 10, (8,), generator=g).to("neuron")
+    x = torch.randn(4, 3, 32, 32, generator=g).to("neuron")
+    y = torch.randint(0, 10, (4,), generator=g).to("neuron")
 
     def step() -> None:
         opt.zero_grad()
@@ -135,7 +137,7 @@ BUILDERS: dict[str, Callable[[], Callable[[], None]]] = {
 }
 
 
-def measure(workload: str, threads: int | None, rounds: int, warmup: int) -> dict:
+def measure(workload: str, threads: int | None, rounds: int, warmup: int, inner: int) -> dict:
     """In this process: the timed rounds of one workload (see the module's docstring)."""
     import torch
 
@@ -162,22 +164,28 @@ def measure(workload: str, threads: int | None, rounds: int, warmup: int) -> dic
             step()
         _sync()
     times: dict[str, list[float]] = {c: [] for c in configs}
+    cpu_times: dict[str, list[float]] = {c: [] for c in configs}
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         for config in order:
             apply(config)
+            step()  # untimed: the first step after a switch finds its recorded graphs again
             _sync()
-            start = time.perf_counter()
-            step()
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for _ in range(inner):
+                step()
             _sync()
-            times[config].append(time.perf_counter() - start)
+            times[config].append((time.perf_counter() - start) / inner)
+            cpu_times[config].append((time.process_time() - cpu_start) / inner)
     apply("on")
-    return {"workload": workload, "threads": threads or torch.get_num_threads(), "times": times}
+    return {"workload": workload, "threads": threads or torch.get_num_threads(), "times": times,
+            "cpu_times": cpu_times}
 
 
-def summarise(result: dict) -> dict[str, float]:
-    """Per configuration: the median over rounds of its time over 'on''s in the same round."""
-    times = result["times"]
+def summarise(result: dict, key: str = "times") -> dict[str, float]:
+    """Per configuration: the median over rounds of its time over 'on''s in the same round
+    (``key``: "times", wall-clock, or "cpu_times", the process's CPU time, every thread's)."""
+    times = result[key]
     on = times["on"]
     return {c: statistics.median(t / o for t, o in zip(ts, on)) for c, ts in times.items() if c != "on"}
 
@@ -186,7 +194,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
     parser.add_argument("--rounds", type=int, default=11)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--inner", type=int, default=3, help="timed steps per configuration and round")
     parser.add_argument("--threads", nargs="*", default=["default", "1"])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--one", nargs=2, metavar=("WORKLOAD", "THREADS"), help=argparse.SUPPRESS)
@@ -194,7 +203,7 @@ def main() -> int:
 
     if args.one:  # the child process of one (workload, threads)
         workload, threads = args.one
-        result = measure(workload, None if threads == "default" else int(threads), args.rounds, args.warmup)
+        result = measure(workload, None if threads == "default" else int(threads), args.rounds, args.warmup, args.inner)
         print(json.dumps(result))
         return 0
 
@@ -204,7 +213,7 @@ def main() -> int:
             print(f"# {workload}, threads {threads}", file=sys.stderr, flush=True)
             proc = subprocess.run(
                 [sys.executable, __file__, "--one", workload, threads, "--rounds", str(args.rounds),
-                 "--warmup", str(args.warmup)], capture_output=True, text=True, env=os.environ.copy())
+                 "--warmup", str(args.warmup), "--inner", str(args.inner)], capture_output=True, text=True, env=os.environ.copy())
             if proc.returncode != 0:
                 reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
                 print(f"#   skipped: {reason}", file=sys.stderr)
@@ -216,15 +225,17 @@ def main() -> int:
 
     ran = [r for r in results if "skipped" not in r]
     configs = sorted({c for r in ran for c in summarise(r)}, key=lambda c: (c != "off", c))
-    print("| workload | threads | median on (s) | " + " | ".join(configs) + " |")
-    print("|---|---|---|" + "---|" * len(configs))
-    for r in results:
-        if "skipped" in r:
-            print(f"| {r['workload']} | {r['threads']} | skipped: {r['skipped']} |")
-            continue
-        s = summarise(r)
-        cells = " | ".join(f"{s[c]:.3f}" for c in configs)
-        print(f"| {r['workload']} | {r['threads']} | {statistics.median(r['times']['on']):.4f} | {cells} |")
+    for key, title in (("times", "wall-clock"), ("cpu_times", "process CPU time (all threads)")):
+        print(f"\n{title}\n")
+        print("| workload | threads | median on (s) | " + " | ".join(configs) + " |")
+        print("|---|---|---|" + "---|" * len(configs))
+        for r in results:
+            if "skipped" in r:
+                print(f"| {r['workload']} | {r['threads']} | skipped: {r['skipped']} |")
+                continue
+            s = summarise(r, key)
+            cells = " | ".join(f"{s[c]:.3f}" for c in configs)
+            print(f"| {r['workload']} | {r['threads']} | {statistics.median(r[key]['on']):.4f} | {cells} |")
     print("\nEach cell: the median over rounds of time(configuration) / time(on) in the same round; "
           "'-F' is every family on but F, so its cell - 1 is what F gains.")
     return 0

@@ -34,8 +34,8 @@ __all__ = ["VALIDATED_TORCH", "MODES", "ENVIRONMENT_VARIABLE", "start", "get_mod
            "kernels", "families", "set_family_enabled", "family_enabled", "families_enabled", "validated_on"]
 
 VALIDATED_TORCH: tuple[str, ...] = ("2.13",)
-"""The torch release series (major.minor) every kernel was validated on: the whole test
-suite and every notebook pass with ``NEURON_LAB_FASTPATH=validate`` (KERNELS.md)."""
+"""The torch release series (major.minor) the kernels were validated on: tests pass with
+``NEURON_LAB_FASTPATH=validate`` (KERNELS.md says which)."""
 
 MODES = ("off", "on", "validate")
 ENVIRONMENT_VARIABLE = "NEURON_LAB_FASTPATH"
