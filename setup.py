@@ -30,20 +30,21 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 BUILT_WITH = Path("neuron_lab/device/_built_with.py")
 
-# The device runtime and the adaptive-eager recorder build into one extension.
-CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc")]
+# The device runtime, the adaptive-eager recorder and the fast host kernels build into one
+# extension. Sources include each other from the package root ("device/csrc/runtime.h").
+CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc"), Path("neuron_lab/fastpath/csrc")]
 
-# Hidden visibility (pybind11's advice for extension modules): the module exports only
-# PyInit__C, so calls inside it go straight to their function instead of through the PLT,
-# and functions of one file may be inlined into each other.
 # kineto's headers (torch ships them): torch.profiler's PrivateUse1 activity profiler
 # (neuron_lab/device/csrc/kineto_plugin.cpp) implements its interface.
 KINETO_INCLUDE = Path(torch.__file__).parent / "include" / "kineto"
 
+# Hidden visibility (pybind11's advice for extension modules): the module exports only
+# PyInit__C, so calls inside it go straight to their function instead of through the PLT,
+# and functions of one file may be inlined into each other.
 EXTENSION = CppExtension(
     name="neuron_lab.device._C",
-    sources=sorted(str(p) for d in CSRC_DIRS for p in d.glob("*.cpp")),
-    include_dirs=[str(KINETO_INCLUDE)],
+    sources=sorted(str(p) for d in CSRC_DIRS for p in d.rglob("*.cpp")),
+    include_dirs=[str(Path("neuron_lab").resolve()), str(KINETO_INCLUDE)],
     extra_compile_args=["-O2", "-g0", "-Wno-unused-parameter", "-fvisibility=hidden", "-fno-semantic-interposition"],
 )
 

@@ -1,4 +1,4 @@
-"""Host kernels faster than ATen's CPU kernel (neuron_lab/device/csrc/host_kernels.cpp): every
+"""Host kernels faster than ATen's CPU kernel (neuron_lab/fastpath, KERNELS.md): every
 result must equal the CPU's bit for bit, in every mode and on every path (the fallback,
 replay of a recorded graph, out= twins), and inputs the fast kernel does not take still run
 ATen's kernel."""
@@ -18,7 +18,19 @@ import neuron_lab
 from conftest import run_python
 from elementwise_layouts import (ARITH, bits, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
                                  with_unit_strides)
+from neuron_lab import fastpath
 from neuron_lab.device import trace
+
+
+@pytest.fixture(autouse=True)
+def fast_kernels_running():
+    """These tests are the fast kernels' own: they run them under NEURON_LAB_FASTPATH=off too
+    (validate stays validate, comparing each with ATen's kernel)."""
+    if fastpath.get_mode() != "off":
+        yield
+        return
+    with fastpath.mode("on"):
+        yield
 
 
 def runs(fn) -> int:

@@ -16,9 +16,9 @@
 //   composite_routes.cpp  ops that run their CPU kernel, not their composite decomposition
 //   uninitialized_fill.cpp  deterministic mode's NaN / max fill of new memory, as on the CPU
 //   rnn_as_on_cpu.cpp  nn.LSTM / GRU / RNN and their cells take the CPU's path (oneDNN or plain ops)
-//   host_kernels.cpp  faster host kernels with ATen's results bit for bit (run_host_kernel)
-//   small_arith.cpp   add, sub and mul of small operands with ATen's bits (small_arith.h)
-//   dense_cat.cpp     cat of small row-major tensors as block copies (dense_cat.h)
+//   host_kernel_table.cpp  the table of fast host kernels a package above registers, read
+//                  by every path that runs an op on the host (host_kernel_table.h)
+//   unboxed_ops.cpp  the hottest ops without the boxed fallback's stack
 //   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
 //   trace.cpp      launch records, memory samples and the event log (trace.h)
 //   source.cpp     the user's source line of an op, a launch or a wait (trace.h)
@@ -308,9 +308,9 @@ at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_
 // a resize or restride the kernel made to the alias is made to `original` too.
 void write_back(const at::Tensor& original, const at::Tensor& host);
 
-// ---- running an op on the host (host_kernels.cpp) ----------------------------
-// Runs `op` on the host tensors of a boxed stack: ATen's CPU kernel, or a faster one with
-// the same results bit for bit where there is one.
+// ---- running an op on the host (host_kernel_table.cpp) -------------------------
+// Runs `op` on the host tensors of a boxed stack: ATen's CPU kernel, or a fast host kernel
+// from the table with the same results bit for bit where one takes the call.
 void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // ---- host kernels that allocate device memory (allocator.cpp) -----------------
@@ -374,7 +374,7 @@ class HostResults {
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
 
-// Counters the observability layer reads (fallback.cpp, random_kernels.cpp, host_kernels.cpp).
+// Counters the observability layer reads (fallback.cpp, random_kernels.cpp, host_kernel_table.cpp).
 struct OpCounters {
   std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
   std::atomic<uint64_t> unboxed_ops{0};      // of those, run by the unboxed path (unboxed_ops.cpp)
@@ -383,12 +383,12 @@ struct OpCounters {
   std::atomic<uint64_t> device_to_host_bytes{0};
   std::atomic<uint64_t> device_to_device_bytes{0};
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
-  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a faster host kernel (host_kernels.cpp, unboxed_ops.cpp)
+  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a fast host kernel from the table (boxed)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
   std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
   std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
   std::atomic<uint64_t> launches_dropped_by_host{0};  // launches a device thread ran, dropped by a host (release_finished_work)
-  // Host kernels run at once (unboxed_ops.cpp): each is also a fallback, an unboxed and a
+  // Fast host kernels run at once (the unboxed path): each is also a fallback, an unboxed and a
   // host-kernel op, counted once here (one atomic add an op, not three) and added to those
   // three when the counters are read.
   std::atomic<uint64_t> at_once_host_kernel_ops{0};

@@ -13,25 +13,12 @@
 // its arguments straight from the caller's references, and maps the results back as
 // the fallback does. Otherwise, or when an argument is not a neuron tensor of one
 // device, it boxes the call and hands it to the fallback, which may record it: the
-// same results either way, since both run the same CPU kernel on the same memory.
+// same results either way, since both run the same CPU kernel on the same memory. Where the
+// table of fast host kernels (host_kernel_table.h) holds one for the op that takes the call,
+// it runs in place of the CPU kernel, with the CPU kernel's bits.
+#include "host_kernel_table.h"
 #include "interceptor.h"
 #include "runtime.h"
-#include "blas_matmul.h"
-#include "cpu_stubs.h"
-#include "dense_cat.h"
-#include "dense_index_select.h"
-#include "dense_layout.h"
-#include "layer_norm_direct.h"
-#include "small_arith.h"
-#include "small_convert.h"
-#include "small_isin.h"
-#include "small_arange.h"
-#include "small_bitwise.h"
-#include "small_fill.h"
-#include "small_reduce_compare.h"
-#include "small_sum.h"
-#include "small_unary.h"
-#include "small_where.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
@@ -71,11 +58,6 @@
 #include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
-#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
-#include <ATen/ops/silu_native.h>
-#include <ATen/ops/tanh_native.h>
-#include <ATen/ops/sin_native.h>
-#include <ATen/ops/cos_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
@@ -345,406 +327,102 @@ struct Results<std::tuple<T...>> {
   }
 };
 
-// ---- ops run at once without a CPU kernel ------------------------------------------------
+// ---- fast host kernels (host_kernel_table.h) -----------------------------------------------
 
-// Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
-// ATen's for their token-sized operands (no TensorIterator, no host aliases): small add, sub
-// and mul (small_arith.h); neg, rsqrt and pow by 2, 3, -1 or -0.5 (small_unary.h); isin of
-// small integer tensors (small_isin.h); cat of row-major tensors and index_select of
-// contiguous ones (dense_cat.h, dense_index_select.h); addmm and mm as the BLAS call ATen's
-// kernel makes (blas_matmul.h); layer norm by ATen's own kernel below its wrapper
-// (layer_norm_direct.h). Their results are new device memory, written when the kernel takes
-// the arguments (their memory is ready: begin_unboxed_op made it so); otherwise nullopt, and
-// ATen's kernel runs.
-template <class Op>
-struct AtOnceKernel {
-  static constexpr bool exists = false;
+// Validate mode: ATen's CPU kernel runs on the same inputs after a fast kernel took the call,
+// and the results must be the same bits. The inputs it reads are host views of the caller's
+// (ready: the fast kernel just read them); what the op writes (fill_'s self, arange's out=)
+// ATen writes into a fresh CPU tensor of its layout; a device argument naming a neuron core
+// names the CPU.
+template <class A>
+struct ReferenceArg {
+  explicit ReferenceArg(A value) : value(value) {}
+  A get() { return value; }
+  A value;
+};
+template <>
+struct ReferenceArg<const at::Tensor&> {
+  explicit ReferenceArg(const at::Tensor& t) : host(host_view(t)) {}
+  const at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct ReferenceArg<at::Tensor&> {
+  explicit ReferenceArg(at::Tensor& t)
+      : host(at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU))) {}
+  at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct ReferenceArg<const std::optional<at::Tensor>&> {
+  explicit ReferenceArg(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) host = host_view(*t);
+  }
+  const std::optional<at::Tensor>& get() { return host; }
+  std::optional<at::Tensor> host;
+};
+template <>
+struct ReferenceArg<const at::ITensorListRef&> {
+  explicit ReferenceArg(const at::ITensorListRef& list) {
+    for (const at::Tensor& t : list) hosts.push_back(host_view(t));
+  }
+  at::ITensorListRef get() { return at::ITensorListRef(at::ArrayRef<at::Tensor>(hosts)); }
+  std::vector<at::Tensor> hosts;
+};
+template <>
+struct ReferenceArg<std::optional<c10::Device>> {
+  explicit ReferenceArg(std::optional<c10::Device> d) : value(d) {
+    if (value.has_value() && value->type() == kNeuron) value = c10::Device(c10::kCPU);
+  }
+  std::optional<c10::Device> get() { return value; }
+  std::optional<c10::Device> value;
 };
 
-// New device memory for a host kernel's result.
-at::Tensor new_result(c10::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::detail::empty_generic(sizes, allocator(), kNeuronKeys, dtype, std::nullopt);
+// A kernel's results as host tensors, in order, beside ATen's.
+inline void collect_results(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(host_view(t)); }
+inline void collect_results(std::vector<at::Tensor>& out, const std::reference_wrapper<at::Tensor>& t) {
+  out.push_back(host_view(t.get()));
 }
-at::Tensor new_result(c10::IntArrayRef sizes, c10::IntArrayRef strides, at::ScalarType dtype) {
-  return at::detail::empty_strided_generic(sizes, strides, allocator(), kNeuronKeys, dtype);
+template <class... T>
+void collect_results(std::vector<at::Tensor>& out, const std::tuple<T...>& results) {
+  std::apply([&](const auto&... r) { (collect_results(out, r), ...); }, results);
 }
-
-// Runs `make` (which makes and writes the results) as an op run at once on `device`: a
-// launch for the profiler, counted as a host kernel's op.
-template <class Make>
-auto run_host_kernel_at_once(c10::DeviceIndex device, const char* name, Make&& make) {
-  c10::DeviceGuard guard(c10::Device(kNeuron, device));
-  LaunchScope launch(device, name, /*synced=*/true);
-  auto results = make();
-  op_counters().at_once_host_kernel_ops.fetch_add(1, std::memory_order_relaxed);
-  return results;
-}
-
-// A new result on `device`, written by `write` as an op run at once.
-template <class Write>
-at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes, at::ScalarType dtype,
-                            Write&& write) {
-  return run_host_kernel_at_once(device, name, [&] {
-    at::Tensor out = new_result(sizes, dtype);
-    write(out);
-    return out;
-  });
-}
-// The same, of the given strides.
-template <class Write>
-at::Tensor write_new_result(c10::DeviceIndex device, const char* name, c10::IntArrayRef sizes,
-                            c10::IntArrayRef strides, at::ScalarType dtype, Write&& write) {
-  return run_host_kernel_at_once(device, name, [&] {
-    at::Tensor out = new_result(sizes, strides, dtype);
-    write(out);
-    return out;
-  });
-}
-
-template <Arith op>
-std::optional<at::Tensor> small_arith_at_once(c10::DeviceIndex device, const char* name, const at::Tensor& self,
-                                              const at::Tensor& other, const c10::Scalar& alpha = 1) {
-  const auto plan = plan_small_arith(self, other, alpha);
-  if (!plan.has_value()) return std::nullopt;
-  return write_new_result(device, name, plan->sizes, plan->strides, plan->dtype,
-                          [&](const at::Tensor& out) { run_small_arith(op, *plan, self, other, out); });
-}
-
-#define NEURON_SMALL_ARITH(op_struct, arith)                                                   \
-  template <>                                                                                \
-  struct AtOnceKernel<at::_ops::op_struct> {                                                 \
-    static constexpr bool exists = true;                                                     \
-    template <class... A>                                                                    \
-    static std::optional<at::Tensor> run(c10::DeviceIndex device, const A&... args) {        \
-      return small_arith_at_once<arith>(device, at::_ops::op_struct::name, args...);         \
-    }                                                                                        \
-  };
-NEURON_SMALL_ARITH(add_Tensor, Arith::Add)
-NEURON_SMALL_ARITH(sub_Tensor, Arith::Sub)
-NEURON_SMALL_ARITH(mul_Tensor, Arith::Mul)
-#undef NEURON_SMALL_ARITH
-
-std::optional<at::Tensor> small_unary_at_once(c10::DeviceIndex device, const char* name, Unary op,
-                                              const at::Tensor& self) {
-  const auto strides = plan_small_unary(self);
-  if (!strides.has_value()) return std::nullopt;
-  return write_new_result(device, name, self.sizes(), *strides, self.scalar_type(),
-                          [&](const at::Tensor& out) { run_small_unary(op, self, out); });
+inline void collect_expected(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+template <class... T>
+void collect_expected(std::vector<at::Tensor>& out, const std::tuple<T...>& results) {
+  std::apply([&](const auto&... r) { (collect_expected(out, r), ...); }, results);
 }
 
-#define NEURON_SMALL_UNARY(op_struct, unary)                                                   \
-  template <>                                                                                \
-  struct AtOnceKernel<at::_ops::op_struct> {                                                 \
-    static constexpr bool exists = true;                                                     \
-    static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {  \
-      return small_unary_at_once(device, at::_ops::op_struct::name, unary, self);            \
-    }                                                                                        \
-  };
-NEURON_SMALL_UNARY(neg, Unary::Neg)
-NEURON_SMALL_UNARY(rsqrt, Unary::Rsqrt)
-#undef NEURON_SMALL_UNARY
-
-template <>
-struct AtOnceKernel<at::_ops::pow_Tensor_Scalar> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& exponent) {
-    const auto op = pow_as_unary(exponent);
-    if (!op.has_value()) return std::nullopt;
-    return small_unary_at_once(device, at::_ops::pow_Tensor_Scalar::name, *op, self);
+template <class Op, class Value, class R, class... A>
+void validate_at_once(const TypedHostKernel& entry, const Value& result, A&... args) {
+  const std::string inputs = describe_inputs(c10::impl::boxArgs<A...>(args...));
+  std::tuple<ReferenceArg<A>...> reference{ReferenceArg<A>(args)...};
+  std::vector<at::Tensor> got, expected;
+  collect_results(got, result);
+  {
+    auto&& aten = std::apply([](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); }, reference);
+    collect_expected(expected, aten);
   }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::isin_Tensor_Tensor> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& elements,
-                                       const at::Tensor& test_elements, bool /*assume_unique*/, bool invert) {
-    if (!small_isin_takes(elements, test_elements)) return std::nullopt;
-    return write_new_result(device, at::_ops::isin_Tensor_Tensor::name, elements.sizes(), at::kBool,
-                            [&](const at::Tensor& out) { run_small_isin(elements, test_elements, invert, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::where_self> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& condition, const at::Tensor& self,
-                                       const at::Tensor& other) {
-    const auto plan = plan_small_where(condition, self, other);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::where_self::name, plan->sizes, plan->strides, plan->dtype,
-                            [&](const at::Tensor& out) { run_small_where(*plan, condition, self, other, out); });
-  }
-};
-
-// In place: the result is self, returned by reference.
-template <>
-struct AtOnceKernel<at::_ops::fill__Scalar> {
-  static constexpr bool exists = true;
-  static std::optional<std::reference_wrapper<at::Tensor>> run(c10::DeviceIndex device, at::Tensor& self,
-                                                               const c10::Scalar& value) {
-    if (!small_fill_takes(self, value)) return std::nullopt;
-    run_host_kernel_at_once(device, at::_ops::fill__Scalar::name, [&] {
-      run_small_fill(self, value);
-      return true;
-    });
-    return std::ref(self);
-  }
-};
-
-// out= form (arange() makes an empty out and calls it): the result is out, sized here as
-// ATen's kernel sizes an empty one.
-template <>
-struct AtOnceKernel<at::_ops::arange_start_out> {
-  static constexpr bool exists = true;
-  static std::optional<std::reference_wrapper<at::Tensor>> run(c10::DeviceIndex device, const c10::Scalar& start,
-                                                               const c10::Scalar& end, const c10::Scalar& step,
-                                                               at::Tensor& out) {
-    const auto size = small_arange_size(start, end, step, out);
-    if (!size.has_value()) return std::nullopt;
-    run_host_kernel_at_once(device, at::_ops::arange_start_out::name, [&] {
-      if (out.numel() != *size) out.resize_({*size});
-      run_small_arange(start, step, out);
-      return true;
-    });
-    return std::ref(out);
-  }
-};
-
-std::optional<at::Tensor> small_bitwise_at_once(c10::DeviceIndex device, const char* name, Bitwise op,
-                                                const at::Tensor& self, const at::Tensor* other) {
-  const auto plan = plan_small_bitwise(self, other);
-  if (!plan.has_value()) return std::nullopt;
-  return write_new_result(device, name, plan->sizes, plan->strides, plan->dtype,
-                          [&](const at::Tensor& out) { run_small_bitwise(op, *plan, self, other, out); });
+  TORCH_INTERNAL_ASSERT(got.size() == expected.size());
+  const std::string op = c10::toString(c10::OperatorName(Op::name, Op::overload_name));
+  if (!got.empty()) apply_test_perturbation(info_of(entry), got.front());
+  for (size_t i = 0; i < got.size(); ++i) check_same_bits(info_of(entry), op, inputs, i, got[i], expected[i]);
 }
 
-#define NEURON_SMALL_BITWISE(op_struct, bitwise)                                                          \
-  template <>                                                                                           \
-  struct AtOnceKernel<at::_ops::op_struct> {                                                            \
-    static constexpr bool exists = true;                                                                \
-    static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self,               \
-                                         const at::Tensor& other) {                                     \
-      return small_bitwise_at_once(device, at::_ops::op_struct::name, bitwise, self, &other);           \
-    }                                                                                                   \
-  };
-NEURON_SMALL_BITWISE(bitwise_and_Tensor, Bitwise::And)
-NEURON_SMALL_BITWISE(bitwise_or_Tensor, Bitwise::Or)
-#undef NEURON_SMALL_BITWISE
-
-template <>
-struct AtOnceKernel<at::_ops::bitwise_not> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    return small_bitwise_at_once(device, at::_ops::bitwise_not::name, Bitwise::Not, self, nullptr);
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::argmax> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, std::optional<int64_t> dim,
-                                       bool keepdim) {
-    const auto sizes = plan_small_argmax(self, dim, keepdim);
-    if (!sizes.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::argmax::name, *sizes, at::kLong,
-                            [&](const at::Tensor& out) { run_small_argmax(self, out); });
-  }
-};
-
-// sum and mean over the last dim (an RMSNorm's mean of squares, five a Llama decode step).
-template <class Op, bool kMean>
-struct SmallSumKernel {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, at::OptionalIntArrayRef dim,
-                                       bool keepdim, std::optional<at::ScalarType> dtype) {
-    const auto plan = plan_small_sum(self, dim, keepdim, dtype);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, Op::name, plan->sizes, self.scalar_type(),
-                            [&](const at::Tensor& out) { run_small_sum(*plan, self, kMean, out); });
-  }
-};
-template <>
-struct AtOnceKernel<at::_ops::mean_dim> : SmallSumKernel<at::_ops::mean_dim, /*kMean=*/true> {};
-template <>
-struct AtOnceKernel<at::_ops::sum_dim_IntList> : SmallSumKernel<at::_ops::sum_dim_IntList, /*kMean=*/false> {};
-
-template <>
-struct AtOnceKernel<at::_ops::any_dim> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, int64_t dim, bool keepdim) {
-    const auto sizes = plan_small_any(self, dim, keepdim);
-    if (!sizes.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::any_dim::name, *sizes, at::kBool,
-                            [&](const at::Tensor& out) { run_small_any(self, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::max> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    if (!small_max_takes(self)) return std::nullopt;
-    return write_new_result(device, at::_ops::max::name, {}, self.scalar_type(),
-                            [&](const at::Tensor& out) { run_small_max(self, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::eq_Scalar> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, const c10::Scalar& other) {
-    if (!small_eq_takes(self, other)) return std::nullopt;
-    return write_new_result(device, at::_ops::eq_Scalar::name, self.sizes(), at::kBool,
-                            [&](const at::Tensor& out) { run_small_eq(self, other, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::cat> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::ITensorListRef& tensors, int64_t dim) {
-    const auto plan = plan_dense_cat(tensors, dim);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::cat::name, plan->sizes, tensors.front().scalar_type(),
-                            [&](const at::Tensor& out) { run_dense_cat(*plan, tensors, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::index_select> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self, int64_t dim,
-                                       const at::Tensor& index) {
-    const auto plan = plan_dense_index_select(self, dim, index);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::index_select::name, plan->sizes, self.scalar_type(),
-                            [&](const at::Tensor& out) { run_dense_index_select(*plan, self, index, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::addmm> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& bias, const at::Tensor& mat1,
-                                       const at::Tensor& mat2, const c10::Scalar& beta, const c10::Scalar& alpha) {
-    const auto plan = plan_blas_matmul(&bias, mat1, mat2, beta, alpha);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::addmm::name, plan->sizes, plan->dtype,
-                            [&](const at::Tensor& out) { run_blas_matmul(*plan, &bias, mat1, mat2, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::mm> {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& mat1, const at::Tensor& mat2) {
-    const auto plan = plan_blas_matmul(nullptr, mat1, mat2, 0, 1);
-    if (!plan.has_value()) return std::nullopt;
-    return write_new_result(device, at::_ops::mm::name, plan->sizes, plan->dtype,
-                            [&](const at::Tensor& out) { run_blas_matmul(*plan, nullptr, mat1, mat2, out); });
-  }
-};
-
-template <>
-struct AtOnceKernel<at::_ops::native_layer_norm> {
-  static constexpr bool exists = true;
-  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& input,
-                                   c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias, double eps) {
-    const auto shape = c10::asIntArrayRefSlowOpt(normalized_shape);
-    if (!shape.has_value()) return std::nullopt;
-    const auto plan = plan_layer_norm(input, *shape, weight, bias);
-    if (!plan.has_value()) return std::nullopt;
-    return run_host_kernel_at_once(device, at::_ops::native_layer_norm::name, [&] {
-      const at::ScalarType dtype = input.scalar_type();
-      Result results{new_result(input.sizes(), dtype), new_result(plan->statistics, dtype),
-                     new_result(plan->statistics, dtype)};
-      run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
-                     std::get<2>(results));
-      return results;
-    });
-  }
-};
-
-// Structured unary ops (rotary embeddings' cos and sin, Llama's silu, GPT-2's tanh) run their
-// own structured class on the device's tensors, as the CPU's functional kernel runs it on its
-// own: meta builds the TensorIterator and asks for the result, made here on the device in the
-// layout the iterator chose (the CPU's), and impl calls the op's dispatch stub, whose device
-// entry is the CPU's kernel (cpu_stubs.h). The same iterator, kernel and bytes: the CPU's bits,
-// without a host alias of the input and the result mapped back. Floating-point inputs whose
-// bytes are their values; anything else keeps the host-alias path.
-template <class Structured>
-class StructuredOnDevice final : public Structured {
- public:
-  void set_output_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) override {
-    make_output(index, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides,
-                              at::TensorOptions options) override {
-    make_output(index, sizes, strides, options);
-  }
-  const at::Tensor& maybe_get_output(int64_t /*index*/) override { return out_; }
-  at::Tensor& out() { return out_; }
-
- private:
-  void make_output(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) {
-    const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
-    out_ = strides.empty() ? new_result(sizes, dtype) : new_result(sizes, strides, dtype);
-    Structured::set_output_raw_strided(index, sizes, strides, options);  // the iterator takes it
-  }
-  at::Tensor out_;
-};
-
-template <class Op, class Structured>
-struct StructuredUnaryKernel {
-  static constexpr bool exists = true;
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    if (!device_stubs_run_cpu_kernels() || !bytes_are_values(self) || !at::isFloatingType(self.scalar_type())) {
-      return std::nullopt;
+// Op's at-once kernel from the table, where there is one, the mode lets it run and it takes
+// the call (validated in validate mode); nullopt otherwise.
+template <class Op, class Schema = typename Op::schema>
+struct FastAtOnce;
+template <class Op, class R, class... A>
+struct FastAtOnce<Op, R(A...)> {
+  static typename AtOnceSignature<R(A...)>::Result run(c10::DeviceIndex device, A&... args) {
+    const TypedHostKernel* entry = usable_at_once_kernel<Op>();
+    if (entry == nullptr) return std::nullopt;
+    auto result = at_once_function<Op>(*entry)(device, args...);
+    if (result.has_value() && fast_path() == FastPath::Validate) {
+      validate_at_once<Op, typename AtOnceSignature<R(A...)>::Result::value_type, R, A...>(*entry, *result, args...);
     }
-    return run_host_kernel_at_once(device, Op::name, [&] {
-      StructuredOnDevice<Structured> op;
-      op.meta(self);
-      op.impl(self, op.out());
-      return std::move(op.out());
-    });
-  }
-};
-template <>
-struct AtOnceKernel<at::_ops::cos> : StructuredUnaryKernel<at::_ops::cos, at::native::structured_cos_out> {};
-template <>
-struct AtOnceKernel<at::_ops::sin> : StructuredUnaryKernel<at::_ops::sin, at::native::structured_sin_out> {};
-template <>
-struct AtOnceKernel<at::_ops::tanh> : StructuredUnaryKernel<at::_ops::tanh, at::native::structured_tanh_out> {};
-template <>
-struct AtOnceKernel<at::_ops::silu> : StructuredUnaryKernel<at::_ops::silu, at::native::structured_silu_out> {};
-
-// The CPU's flash attention (two a decode step) on the device's tensors themselves. ATen's
-// CPU function allocates its results with the query's options (on the device, through its
-// allocator), calls the kernel through its dispatch stub for the CPU explicitly, and returns
-// transposed views: nothing in it asks for a CPU tensor, and the kernel reads the bytes
-// through their pointers, host memory. The same function on the same bytes and strides: the
-// CPU's bits, without host aliases of the three inputs and the results mapped back.
-template <>
-struct AtOnceKernel<at::_ops::_scaled_dot_product_flash_attention_for_cpu> {
-  static constexpr bool exists = true;
-  using Result = std::tuple<at::Tensor, at::Tensor>;
-  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& query, const at::Tensor& key,
-                                   const at::Tensor& value, double dropout_p, bool is_causal,
-                                   const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-    for (const at::Tensor* t : {&query, &key, &value}) {
-      if (!bytes_are_values(*t)) return std::nullopt;
-    }
-    if (attn_mask.has_value() && attn_mask->defined() &&
-        (attn_mask->device() != query.device() || !bytes_are_values(*attn_mask))) {
-      return std::nullopt;
-    }
-    return run_host_kernel_at_once(device, at::_ops::_scaled_dot_product_flash_attention_for_cpu::name, [&] {
-      return at::native::_scaled_dot_product_flash_attention_cpu(query, key, value, dropout_p, is_causal, attn_mask,
-                                                                 scale);
-    });
+    return result;
   }
 };
 
@@ -826,11 +504,9 @@ struct Unboxed<Op, Otherwise, R(A...)> {
       if (!tensors.is_written(*t)) interceptor().check_readable(*t);
     }
     const c10::DeviceIndex device = tensors.device;
-    if constexpr (AtOnceKernel<Op>::exists) {
-      if (auto result = AtOnceKernel<Op>::run(device, args...)) {
-        for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
-        return std::move(*result);
-      }
+    if (auto result = FastAtOnce<Op>::run(device, args...)) {
+      for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
+      return std::move(*result);
     }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
@@ -862,63 +538,21 @@ void register_all(torch::Library& m) {
   (register_unboxed<Ops>(m), ...);
 }
 
-// ---- clone and same-device _to_copy of dense tensors: one block, copied or converted -----
+// ---- clone and same-device _to_copy ------------------------------------------------------
 
-// A decoding step clones its last logits and ids and copies the logits to float32, their
-// own dtype. With the memory format preserved, both make empty_strided(self's sizes and
-// strides) for a non-overlapping, dense self and copy it; with the contiguous format, a
-// row-major result, whose bytes are self's in the same order when self is row-major save its
-// size-1 dims (generate()'s last token, [1, 1] with strides (length, 1)). Either way the
-// result's bytes are self's, in one block (or its elements in the same order, converted to a
-// new dtype small_convert takes). Other calls (another dtype, device or format, conjugate or
-// negative bits, strided or empty tensors, ops recorded rather than run at once) take torch's
-// own kernels. Returns the result's strides when it is such a copy.
-std::optional<c10::SmallVector<int64_t, 6>> one_block_copy_strides(const at::Tensor& self,
-                                                                   std::optional<c10::MemoryFormat> format) {
-  if (!bytes_are_values(self) || self.numel() == 0 || self.numel() > at::internal::GRAIN_SIZE) return std::nullopt;
-  const auto f = format.value_or(c10::MemoryFormat::Preserve);
-  if (f == c10::MemoryFormat::Preserve && self.is_non_overlapping_and_dense()) {
-    return c10::SmallVector<int64_t, 6>(self.strides().begin(), self.strides().end());
-  }
-  if (f == c10::MemoryFormat::Contiguous && dense_row_major(self)) return row_major_strides(self.sizes());
-  return std::nullopt;
-}
-
-// The copy as an op run at once: self's bytes in one block, or, to another dtype, its
-// elements in the same order converted one by one (small_convert.h; a Llama step's int64
-// position to float32).
-std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArrayRef strides, const char* name,
-                                             at::ScalarType dtype) {
-  const at::Tensor* inputs[] = {&self};
-  if (!interceptor().begin_unboxed_op(inputs, name)) return std::nullopt;
-  UnboxedScope scope;
-  interceptor().check_readable(self);
-  return write_new_result(self.device().index(), name, self.sizes(), strides, dtype, [&](const at::Tensor& out) {
-    if (dtype != self.scalar_type()) return run_small_convert(self, out);
-    std::memcpy(out.mutable_data_ptr(), self.const_data_ptr(), static_cast<size_t>(self.numel()) * self.element_size());
-  });
-}
-
+// A fast kernel may take these whole (it readies self itself, after its plan took the call);
+// otherwise torch's own kernels run (empty, then copy_: recorded or run at once).
 at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
-  if (const auto strides = one_block_copy_strides(self, format)) {
-    if (auto copy = block_copy_at_once(self, *strides, at::_ops::clone::name, self.scalar_type())) {
-      return std::move(*copy);
-    }
-  }
+  if (auto copy = FastAtOnce<at::_ops::clone>::run(self.device().index(), self, format)) return std::move(*copy);
   return at::compositeexplicitautograd::clone(self, format);
 }
 
 at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<c10::Layout> layout,
                    std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
                    std::optional<c10::MemoryFormat> format) {
-  const bool same_place = (!layout.has_value() || *layout == c10::kStrided) &&
-                          (!device.has_value() || *device == self.device()) && !pin_memory.value_or(false);
-  const bool same_dtype = !dtype.has_value() || *dtype == self.scalar_type();
-  if (same_place && (same_dtype || small_convert_takes(self, *dtype))) {
-    if (const auto strides = one_block_copy_strides(self, format)) {
-      const auto to = dtype.value_or(self.scalar_type());
-      if (auto copy = block_copy_at_once(self, *strides, at::_ops::_to_copy::name, to)) return std::move(*copy);
-    }
+  if (auto copy = FastAtOnce<at::_ops::_to_copy>::run(self.device().index(), self, dtype, layout, device, pin_memory,
+                                                      non_blocking, format)) {
+    return std::move(*copy);
   }
   return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
 }
@@ -931,46 +565,52 @@ at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, 
 // builds the TensorIterator again. Run at once, the CPU's functional kernel does it all in
 // one pass; otherwise the call takes torch's wrapper as before, and is recorded as before
 // (its out= form).
-// Small add, sub and mul take the same path with their result sized by small_arith's plan,
-// without the TensorIterator: the same empty result, then the same out= call (recorded alike).
-// Only for operands of one core (a CPU number aside): mixed devices get torch's wrapper and
-// its error.
-std::optional<at::Tensor> empty_small_arith_result(const at::Tensor& self, const at::Tensor& other,
-                                                   const c10::Scalar& alpha = 1) {
-  const at::Tensor& on_device = self.device().type() == kNeuron ? self : other;
-  for (const at::Tensor* t : {&self, &other}) {
-    const bool cpu_number = t->device().type() == c10::kCPU && t->dim() == 0;
-    if (!cpu_number && t->device() != on_device.device()) return std::nullopt;
-  }
-  if (on_device.device().type() != kNeuron) return std::nullopt;
-  const auto plan = plan_small_arith(self, other, alpha);
-  if (!plan.has_value()) return std::nullopt;
-  return at::empty_strided(plan->sizes, plan->strides, on_device.options().dtype(plan->dtype));
+// A fast path's empty-result kernel may size the result instead of the meta function (small
+// add, sub and mul): the same empty result, then the same out= call, recorded alike. In
+// validate mode its layout is checked against the CPU kernel's, run on CPU tensors of the
+// arguments' layouts (not the meta function's: meta gives other strides where a size-1 dim's
+// stride is not row-major's, [1, 4, 1, 8] of strides [32, 8, 32, 1] times a number).
+template <class T>
+T cpu_twin(const T& value) {
+  return value;
+}
+inline at::Tensor cpu_twin(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() == c10::kCPU) return t;  // a CPU number stays one
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
 }
 
-// The out= call with that result, when there is one ([alpha] for add and sub, none for mul).
-template <class OutOp, class... Alpha>
-std::optional<at::Tensor> record_small_arith(const at::Tensor& self, const at::Tensor& other, const Alpha&... alpha) {
-  auto out = empty_small_arith_result(self, other, alpha...);
-  if (out.has_value()) OutOp::call(self, other, alpha..., *out);
+template <class Op, class OutOp, class... A>
+std::optional<at::Tensor> record_with_fast_empty_result(const A&... args) {
+  const TypedHostKernel* entry = usable_empty_result_kernel<Op>();
+  if (entry == nullptr) return std::nullopt;
+  auto out = empty_result_function<Op>(*entry)(args...);
+  if (!out.has_value()) return std::nullopt;
+  if (fast_path() == FastPath::Validate) {
+    const at::Tensor expected = Op::redispatch(kCpuKeys, cpu_twin(args)...);
+    check_same_layout(info_of(*entry), c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
+                      describe_inputs(c10::impl::boxArgs<const A&...>(args...)), *out, expected);
+  }
+  OutOp::call(args..., *out);
   return out;
 }
 
-#define NEURON_SMALL_ARITH_RECORDED(op_struct, function, out_op)                                \
+#define NEURON_STRUCTURED_FAST_EMPTY(op_struct, function, out_op)                                \
   struct op_struct##_as_torch_does {                                                          \
     template <class R, class... A>                                                            \
     static R call(A&&... args) {                                                              \
-      if (auto out = record_small_arith<at::_ops::out_op>(args...)) return std::move(*out);   \
+      if (auto out = record_with_fast_empty_result<at::_ops::op_struct, at::_ops::out_op>(args...)) { \
+        return std::move(*out);                                                               \
+      }                                                                                       \
       return at::compositeexplicitautogradnonfunctional::function(std::forward<A>(args)...);  \
     }                                                                                         \
   };                                                                                          \
   void register_##op_struct(torch::Library& m) {                                              \
     register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
   }
-NEURON_SMALL_ARITH_RECORDED(add_Tensor, add, add_out)
-NEURON_SMALL_ARITH_RECORDED(sub_Tensor, sub, sub_out)
-NEURON_SMALL_ARITH_RECORDED(mul_Tensor, mul, mul_out)
-#undef NEURON_SMALL_ARITH_RECORDED
+NEURON_STRUCTURED_FAST_EMPTY(add_Tensor, add, add_out)
+NEURON_STRUCTURED_FAST_EMPTY(sub_Tensor, sub, sub_out)
+NEURON_STRUCTURED_FAST_EMPTY(mul_Tensor, mul, mul_out)
+#undef NEURON_STRUCTURED_FAST_EMPTY
 
 #define NEURON_STRUCTURED(op_struct, function)                                                 \
   struct op_struct##_as_torch_does {                                                          \
