@@ -68,16 +68,17 @@ def test_the_python_device_layer_imports_nothing_above_it() -> None:
     assert not offending, "\n".join(offending)
 
 
-# The one module above the device that may use the extension: the runtime's C++ half is
-# compiled into it (as _C.adaptive), and this module is its owner.
-NATIVE_OWNERS = {"neuron_lab/adaptive_eager/_native.py"}
+# The modules above the device that may use the extension, and the submodule each owns: the
+# runtime's C++ half (_C.adaptive) and the fast host kernels (_C.fast_path) are compiled
+# into it.
+NATIVE_OWNERS = {"neuron_lab/adaptive_eager/_native.py": "adaptive", "neuron_lab/fastpath/_native.py": "fast_path"}
 
 
 def test_only_the_device_layer_imports_its_extension() -> None:
     """The layers above the device use its public Python modules (``device.trace``,
     ``device.host_kernels``, ``device.streams``, ``torch.neuron``) and the runtime's
     package API, never ``neuron_lab.device._C``; adaptive eager reaches its own native
-    half through ``adaptive_eager/_native.py`` alone."""
+    half through ``adaptive_eager/_native.py`` alone, the fast path through ``fastpath/_native.py``."""
     package = ROOT / "neuron_lab"
     offending = []
     for path in sorted(package.rglob("*.py")):
@@ -88,11 +89,11 @@ def test_only_the_device_layer_imports_its_extension() -> None:
             if _is_in(name, "neuron_lab.device._C"):
                 offending.append(f"{relative}:{line}: imports {name}")
     assert not offending, "use the device's public Python API instead:\n" + "\n".join(offending)
-    for owner in NATIVE_OWNERS:  # it owns the runtime's half of the extension, nothing of the device's
+    for owner, submodule in NATIVE_OWNERS.items():  # its own half of the extension, nothing of the device's
         assert (ROOT / owner).exists(), f"{owner} moved: update NATIVE_OWNERS"
         beyond = [name for _, name in _imports_of(ROOT / owner) if _is_in(name, "neuron_lab.device._C")
-                  and name not in ("neuron_lab.device._C", "neuron_lab.device._C.adaptive")]
-        assert not beyond, f"{owner} imports more than _C.adaptive: {beyond}"
+                  and name not in ("neuron_lab.device._C", f"neuron_lab.device._C.{submodule}")]
+        assert not beyond, f"{owner} imports more than _C.{submodule}: {beyond}"
 
 
 def test_the_distributed_backend_knows_only_the_device() -> None:

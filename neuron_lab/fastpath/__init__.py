@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-from neuron_lab.device import _C
+from neuron_lab.fastpath._native import native as _native
 
 __all__ = ["VALIDATED_TORCH", "MODES", "ENVIRONMENT_VARIABLE", "start", "get_mode", "set_mode", "mode",
            "kernels", "families", "set_family_enabled", "family_enabled", "families_enabled", "validated_on"]
@@ -39,9 +39,6 @@ VALIDATED_TORCH: tuple[str, ...] = ("2.13",)
 
 MODES = ("off", "on", "validate")
 ENVIRONMENT_VARIABLE = "NEURON_LAB_FASTPATH"
-
-_native = _C.fast_path
-
 
 def validated_on(torch_version: str) -> bool:
     """Whether ``torch_version`` (``"2.13.0+cpu"``) is of a release series the kernels were validated on."""
