@@ -30,7 +30,7 @@ import sys
 import types
 from typing import Any, Optional
 
-__all__ = ["failure_of", "rewrite", "install_excepthook", "describe_line"]
+__all__ = ["failure_of", "rewrite", "install_excepthook", "describe_line", "cell_name"]
 
 _MARK = "_neuron_late_error"  # set on an error once rewritten
 _BETWEEN_LINES_SHOWN = 6
@@ -52,8 +52,11 @@ def failure_of(error: BaseException) -> Optional[dict[str, Any]]:
     return None
 
 
-def _cell_name(file: str) -> Optional[str]:
-    """IPython's name of the cell compiled to ``file`` ("Cell In[7]"), or None."""
+def cell_name(file: str) -> Optional[str]:
+    """IPython's name for the cell compiled to ``file`` ("Cell In[7]"), or None outside IPython.
+
+    Kernels compile each cell to a file such as ``/tmp/ipykernel_123/1390148714.py``;
+    IPython's compiler maps it back to its execution count, as its tracebacks do."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
@@ -69,7 +72,7 @@ def _cell_name(file: str) -> Optional[str]:
 def describe_line(file: str, line: int, function: str = "<module>") -> str:
     """``Cell In[7], line 4`` (``, in f`` inside a function) for a notebook cell, as IPython
     names it; ``File "/path/x.py", line 4, in f`` otherwise, as Python's tracebacks do."""
-    cell = _cell_name(file)
+    cell = cell_name(file)
     if cell is not None:
         return f"{cell}, line {line}" + ("" if function == "<module>" else f", in {function}")
     return f'File "{file}", line {line}, in {function}'

@@ -5,11 +5,11 @@ Times are nanoseconds on the runtime's clock (``time.monotonic_ns()``).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 from neuron_lab.device import trace as _trace
+from neuron_lab.device.late_errors import cell_name
 from neuron_lab.device.trace import Reason
 
 __all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", "format_source", "cell_name"]
@@ -18,23 +18,6 @@ __all__ = ["SourceLine", "OpCall", "Launch", "Event", "MemorySample", "now_ns", 
 def now_ns() -> int:
     """The runtime's clock (the same as ``time.monotonic_ns()``)."""
     return _trace.now_ns()
-
-
-def cell_name(file: str) -> Optional[str]:
-    """IPython's name for the cell compiled to ``file`` ("Cell In[3]"), or None outside IPython.
-
-    Kernels compile each cell to a file such as ``/tmp/ipykernel_123/1390148714.py``;
-    IPython's compiler maps it back to its execution count, as its tracebacks do."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    format_code_name = getattr(getattr(shell, "compile", None), "format_code_name", None)
-    if format_code_name is None:
-        return None
-    try:
-        named = format_code_name(file)
-    except Exception:  # an IPython without the mapping: plain file names
-        return None
-    return None if named is None else f"{named[0]} {named[1]}"
 
 
 @dataclass(frozen=True)
