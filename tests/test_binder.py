@@ -88,8 +88,10 @@ def test_requirements_pin_the_cpu_build_of_torch():
     project_spec = next(Requirement(d) for d in _pyproject()["project"]["dependencies"]
                         if canonicalize_name(Requirement(d).name) == "torch").specifier
     assert project_spec.contains(pin), f"torch {pin} does not satisfy pyproject's torch{project_spec}"
-    setup_pin = re.search(r'TORCH_PIN="torch==([^"]+)"', (ROOT / "scripts/setup.sh").read_text())
-    assert setup_pin, "scripts/setup.sh no longer sets TORCH_PIN"
+    # TORCH_PIN=${NEURON_LAB_TORCH:-torch==X}: the default when no other torch is asked for.
+    setup_pin = re.search(r'^TORCH_PIN=\$\{NEURON_LAB_TORCH:-torch==([^}]+)\}$', (ROOT / "scripts/setup.sh").read_text(),
+                          re.M)
+    assert setup_pin, "scripts/setup.sh no longer sets its default TORCH_PIN"
     assert Version(setup_pin.group(1)).public == pin.public, (
         f"binder pins torch {pin.public}, scripts/setup.sh {setup_pin.group(1)}: keep them the same")
 
