@@ -247,9 +247,7 @@ class Dashboard:
                 bar.max = float(max(m.capacity, 1))
                 bar.value = float(m.allocated)
                 bar.bar_style = _bar_style(m.used_fraction)
-                label.value = (f"<span style='{_BOX_STYLE}'>allocated {format_bytes(m.allocated)} · reserved "
-                               f"{format_bytes(m.reserved)} · peak {format_bytes(m.peak)} · capacity "
-                               f"{format_bytes(m.capacity)}</span>")
+                label.value = _memory_label_html(m.allocated, m, live=False)
             self._show_live()
             self.chart_html.value = self._chart_html()
 
@@ -289,6 +287,8 @@ class Dashboard:
             for core, (bar, allocated) in enumerate(zip(self.memory_bars, sample.allocated)):
                 bar.value = float(allocated)
                 bar.bar_style = _bar_style(allocated / max(self.capacity[core], 1))
+                if core < len(self.memory):  # the label follows the bar (reserved, peak: at the last cell)
+                    self.memory_labels[core].value = _memory_label_html(allocated, self.memory[core], live=True)
             self._show_live()
 
     def _show_live(self) -> None:
@@ -461,6 +461,14 @@ class Dashboard:
         bundle = dict(bundle or {})
         bundle["text/plain"] = repr(self)
         return bundle
+
+
+def _memory_label_html(allocated: int, last: DeviceMemory, live: bool) -> str:
+    """The text beside a core's memory bar. Live, only the allocated bytes are read now (no
+    statistics that would wait for the device); reserved and peak are as the last cell left them."""
+    when = " (after the last cell)" if live else ""
+    return (f"<span style='{_BOX_STYLE}'>allocated {format_bytes(allocated)} · reserved {format_bytes(last.reserved)}"
+            f" · peak {format_bytes(last.peak)}{when} · capacity {format_bytes(last.capacity)}</span>")
 
 
 def _bar_style(fraction: float) -> str:
