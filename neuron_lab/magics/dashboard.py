@@ -47,7 +47,7 @@ __all__ = ["Dashboard", "LiveSample", "stop_dashboards"]
 # Every dashboard still updating, so that %unload_ext can stop them.
 _LIVE: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
 
-_BOX_STYLE = "font-family:monospace;font-size:12px"
+_BOX_STYLE = "font-family:monospace;font-size:12px;white-space:nowrap"
 _CORE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _HISTORY_S = 60.0  # the memory chart's window
 _FAILED = ("#f4a6a6", "#d62728")
@@ -151,7 +151,9 @@ class Dashboard:
                 widgets.HTML("<b>memory</b> (bar: allocated / capacity; chart: allocated over the last minute)"),
                 *memory_rows,
                 self.memory_chart_html,
-                widgets.HBox([self.activity_html, self.streams_html, self.graph_cache_html]),
+                # Wraps in a narrow view (the panel docked beside a notebook) instead of squeezing.
+                widgets.HBox([self.activity_html, self.streams_html, self.graph_cache_html],
+                             layout=widgets.Layout(flex_flow="row wrap")),
                 self.chart_html,
             ]
         )
