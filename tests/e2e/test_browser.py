@@ -100,7 +100,7 @@ def test_notebook_runs_and_renders(page, jupyter_server, artifacts_dir):
     started = time.monotonic()
     write_notebook(jupyter_server.root_dir / NOTEBOOK, jupyter_server.kernelspec)
     page.set_default_timeout(30_000)
-    page.goto(jupyter_server.url(f"lab/tree/{NOTEBOOK}"))
+    page.goto(jupyter_server.notebook_url(NOTEBOOK))
 
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=60_000)

@@ -87,7 +87,7 @@ def test_the_live_panel_changes_while_a_cell_runs_and_charts_a_failed_cell(page,
     nbformat.write(nb, str(jupyter_server.root_dir / NOTEBOOK))
     page.set_default_timeout(30_000)
     page.set_viewport_size({"width": 1800, "height": 1000})  # room for the notebook and the docked panel
-    page.goto(jupyter_server.url(f"lab/tree/{NOTEBOOK}"))
+    page.goto(jupyter_server.notebook_url(NOTEBOOK))
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=60_000)
     cells = notebook.locator(".jp-CodeCell")

@@ -60,7 +60,7 @@ def test_late_error_and_compare_read_as_a_user_sees_them(page, jupyter_server, a
     nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS.values()]
     nbformat.write(nb, str(jupyter_server.root_dir / NOTEBOOK))
     page.set_default_timeout(30_000)
-    page.goto(jupyter_server.url(f"lab/tree/{NOTEBOOK}"))
+    page.goto(jupyter_server.notebook_url(NOTEBOOK))
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=60_000)
     cells = notebook.locator(".jp-CodeCell")
