@@ -14,8 +14,9 @@ statistics, which would finish pending work), so the panel does not change what 
 watches. After every cell (IPython's ``post_run_cell``, through the per-cell timer) it
 also reads the full memory statistics (reserved, peak), on the kernel's thread.
 
-To keep it in view in JupyterLab: right-click it and choose "Create New View for
-Output": the same widget opens beside the notebook and stays there while you scroll.
+To keep it in view in JupyterLab: right-click it, choose "Create New View for Cell
+Output" and drag the new tab to the right edge: the same widget stays beside the notebook
+while you scroll (JupyterLab's own feature; no extension to build).
 
 ``neuron_lab.Dashboard()`` is the plain-Python twin of ``%neuron_dashboard``.
 """
