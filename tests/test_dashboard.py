@@ -195,6 +195,19 @@ def test_a_tick_never_waits_for_the_device(ip: InteractiveShell) -> None:
     pending.sum().item()
 
 
+def test_a_tick_moves_the_memory_label_with_its_bar(ip: InteractiveShell) -> None:
+    """The text beside a memory bar says what the bar shows: a tick that moves the bar moves
+    the label's allocated bytes too (before, the label kept the last cell's number)."""
+    dashboard = show_dashboard(ip, "--interval 0")
+    kept = torch.empty(3 * 1024 * 1024, dtype=torch.uint8, device="neuron")
+    dashboard.tick()
+    live = dashboard.samples[-1].allocated[0]
+    assert dashboard.memory_bars[0].value == live
+    assert f"allocated {format_bytes(live)} ·" in dashboard.memory_labels[0].value
+    assert "(after the last cell)" in dashboard.memory_labels[0].value
+    del kept
+
+
 def test_failed_out_of_memory_and_interrupted_cells_are_charted(ip: InteractiveShell) -> None:
     dashboard = show_dashboard(ip)
     oom, _ = run(ip, "huge = torch.empty(2**40, device='neuron')")

@@ -14,8 +14,9 @@ statistics, which would finish pending work), so the panel does not change what 
 watches. After every cell (IPython's ``post_run_cell``, through the per-cell timer) it
 also reads the full memory statistics (reserved, peak), on the kernel's thread.
 
-To keep it in view in JupyterLab: right-click it and choose "Create New View for
-Output": the same widget opens beside the notebook and stays there while you scroll.
+To keep it in view in JupyterLab: right-click it, choose "Create New View for Cell
+Output" and drag the new tab to the right edge: the same widget stays beside the notebook
+while you scroll (JupyterLab's own feature; no extension to build).
 
 ``neuron_lab.Dashboard()`` is the plain-Python twin of ``%neuron_dashboard``.
 """
@@ -47,7 +48,7 @@ __all__ = ["Dashboard", "LiveSample", "stop_dashboards"]
 # Every dashboard still updating, so that %unload_ext can stop them.
 _LIVE: "weakref.WeakSet[Dashboard]" = weakref.WeakSet()
 
-_BOX_STYLE = "font-family:monospace;font-size:12px"
+_BOX_STYLE = "font-family:monospace;font-size:12px;white-space:nowrap"
 _CORE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf")
 _HISTORY_S = 60.0  # the memory chart's window
 _FAILED = ("#f4a6a6", "#d62728")
@@ -151,7 +152,9 @@ class Dashboard:
                 widgets.HTML("<b>memory</b> (bar: allocated / capacity; chart: allocated over the last minute)"),
                 *memory_rows,
                 self.memory_chart_html,
-                widgets.HBox([self.activity_html, self.streams_html, self.graph_cache_html]),
+                # Wraps in a narrow view (the panel docked beside a notebook) instead of squeezing.
+                widgets.HBox([self.activity_html, self.streams_html, self.graph_cache_html],
+                             layout=widgets.Layout(flex_flow="row wrap")),
                 self.chart_html,
             ]
         )
@@ -247,9 +250,7 @@ class Dashboard:
                 bar.max = float(max(m.capacity, 1))
                 bar.value = float(m.allocated)
                 bar.bar_style = _bar_style(m.used_fraction)
-                label.value = (f"<span style='{_BOX_STYLE}'>allocated {format_bytes(m.allocated)} · reserved "
-                               f"{format_bytes(m.reserved)} · peak {format_bytes(m.peak)} · capacity "
-                               f"{format_bytes(m.capacity)}</span>")
+                label.value = _memory_label_html(m.allocated, m, live=False)
             self._show_live()
             self.chart_html.value = self._chart_html()
 
@@ -289,6 +290,8 @@ class Dashboard:
             for core, (bar, allocated) in enumerate(zip(self.memory_bars, sample.allocated)):
                 bar.value = float(allocated)
                 bar.bar_style = _bar_style(allocated / max(self.capacity[core], 1))
+                if core < len(self.memory):  # the label follows the bar (reserved, peak: at the last cell)
+                    self.memory_labels[core].value = _memory_label_html(allocated, self.memory[core], live=True)
             self._show_live()
 
     def _show_live(self) -> None:
@@ -461,6 +464,14 @@ class Dashboard:
         bundle = dict(bundle or {})
         bundle["text/plain"] = repr(self)
         return bundle
+
+
+def _memory_label_html(allocated: int, last: DeviceMemory, live: bool) -> str:
+    """The text beside a core's memory bar. Live, only the allocated bytes are read now (no
+    statistics that would wait for the device); reserved and peak are as the last cell left them."""
+    when = " (after the last cell)" if live else ""
+    return (f"<span style='{_BOX_STYLE}'>allocated {format_bytes(allocated)} · reserved {format_bytes(last.reserved)}"
+            f" · peak {format_bytes(last.peak)}{when} · capacity {format_bytes(last.capacity)}</span>")
 
 
 def _bar_style(fraction: float) -> str:

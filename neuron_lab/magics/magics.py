@@ -276,8 +276,9 @@ class NeuronMagics(Magics):
         and a chart of the last cells (failed and interrupted ones too). It updates twice a
         second while cells run, and after every cell.
 
-        To keep it in view in JupyterLab, right-click it and choose "Create New View for
-        Output": it opens beside the notebook, and updates there.
+        To keep it in view in JupyterLab, right-click it, choose "Create New View for Cell
+        Output" and drag the new tab to the right edge: it stays beside the notebook and
+        updates there.
 
         Plain-Python twin: ``neuron_lab.Dashboard(cells=20)`` (display it, or call
         ``.update()``).

@@ -105,6 +105,11 @@ class JupyterServer:
         sep = "&" if "?" in path else "?"
         return f"{self.base_url}/{path.lstrip('/')}{sep}token={self.token}"
 
+    def notebook_url(self, notebook: str) -> str:
+        """Opens ``notebook`` alone: ``?reset`` empties the workspace first, so that the
+        notebooks an earlier test opened in this server do not come back beside it."""
+        return self.url(f"lab/tree/{notebook}?reset")
+
     def log_tail(self, chars: int = 4000) -> str:
         try:
             return self.log_path.read_text(errors="replace")[-chars:]

@@ -81,15 +81,16 @@ SCROLL_TO_TOP_JS = """
 """
 
 
-def describe_cells(cells) -> str:
-    """Every cell's prompt and output text: what a failing assertion prints."""
+def describe_cells(cells, names=tuple(CELLS)) -> str:
+    """Every cell's prompt and output text (``names``: the cells' names, in order): what a
+    failing assertion prints."""
     lines = []
     for i in range(cells.count()):
         cell = cells.nth(i)
         prompt = cell.locator(".jp-InputPrompt").inner_text().strip()
         outputs = cell.locator(".jp-OutputArea-output").all_inner_texts()
         text = "\n".join(o.strip() for o in outputs) or "<no output>"
-        lines.append(f"--- cell {i} {prompt} ({list(CELLS)[i] if i < len(CELLS) else '?'})\n{text}")
+        lines.append(f"--- cell {i} {prompt} ({names[i] if i < len(names) else '?'})\n{text}")
     return "\n".join(lines)
 
 
@@ -99,7 +100,7 @@ def test_notebook_runs_and_renders(page, jupyter_server, artifacts_dir):
     started = time.monotonic()
     write_notebook(jupyter_server.root_dir / NOTEBOOK, jupyter_server.kernelspec)
     page.set_default_timeout(30_000)
-    page.goto(jupyter_server.url(f"lab/tree/{NOTEBOOK}"))
+    page.goto(jupyter_server.notebook_url(NOTEBOOK))
 
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=60_000)

@@ -101,7 +101,7 @@ def test_the_timeline_zooms_pans_and_hovers_in_jupyterlab_and_saved_html(page, j
     nbformat.write(nb, str(jupyter_server.root_dir / NOTEBOOK))
     page.set_default_timeout(30_000)
     page.set_viewport_size({"width": 1400, "height": 1000})
-    page.goto(jupyter_server.url(f"lab/tree/{NOTEBOOK}"))
+    page.goto(jupyter_server.notebook_url(NOTEBOOK))
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
     expect(notebook).to_be_visible(timeout=60_000)
     page.wait_for_function("() => { const p = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
