@@ -224,3 +224,23 @@ def test_the_worker_compiles_the_code_an_in_process_compile_would(monkeypatch):
         torch.set_num_threads(threads)
     for e, a in zip(expected, actual):
         assert torch.equal(e, a)
+
+
+def test_a_library_cut_short_in_the_cache_is_named_for_removal(tmp_path):
+    """A compile killed while writing its library (a kernel restart kills the worker) leaves a
+    short file that Inductor would load at every later compile of that code ("file too
+    short"): the compiler knows it as damaged, in its own cache only, and compiles again."""
+    from neuron_lab import files
+
+    short = files.cache_subdir("inductor") / "test-damaged" / "cabc.main.so"
+    short.parent.mkdir(exist_ok=True)
+    short.write_bytes(b"\x7fELF")
+    try:
+        error = RuntimeError(f"InductorError: ImportError: {short}: file too short")
+        assert compiler.damaged_cache_file(error) == short.resolve()
+        assert compiler.damaged_cache_file(RuntimeError(f"ImportError: {short}: undefined symbol: f")) is None
+        elsewhere = tmp_path / "user.so"
+        assert compiler.damaged_cache_file(RuntimeError(f"ImportError: {elsewhere}: file too short")) is None
+    finally:
+        short.unlink()
+        short.parent.rmdir()

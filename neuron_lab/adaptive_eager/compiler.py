@@ -18,8 +18,10 @@ replayed, and counted.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -32,8 +34,8 @@ from neuron_lab.adaptive_eager.fx_graph import GraphDescription, Op, Storage, Vi
 if TYPE_CHECKING:
     from neuron_lab.adaptive_eager.compile_worker import CompileWorker
 
-__all__ = ["wait_for_compiles", "pending_compiles", "build_graph_module", "describe", "install", "is_running",
-           "compile_worker_pid", "set_recording_torch_compile_graph"]
+__all__ = ["damaged_cache_file", "wait_for_compiles", "pending_compiles", "build_graph_module", "describe", "install",
+           "is_running", "compile_worker_pid", "set_recording_torch_compile_graph"]
 
 # A hot graph arrives as a typed CompileRequest: its storages (GraphStorage) and its
 # recorded ops (RecordedOp), whose tensors are TensorViews of those storages; dtypes,
@@ -83,9 +85,32 @@ def _worker() -> "CompileWorker":
         return _compile_worker
 
 
+# The loader's words for a shared library that was cut short or never finished.
+_DAMAGED_LIBRARY = re.compile(r"(/\S+\.so): (?:file too short|invalid ELF header|file format not recognized)")
+
+
+def damaged_cache_file(error: BaseException) -> Optional[Path]:
+    """The compiled library in neuron_lab's cache that ``error`` failed to load because it is
+    incomplete (a compile killed while writing it: a kernel restart kills the worker), or None.
+    Inductor finds such a file by name and would load it again at every later compile."""
+    match = _DAMAGED_LIBRARY.search(str(error))
+    if match is None:
+        return None
+    path = Path(match.group(1)).resolve()
+    return path if path.is_relative_to(files.cache_dir().resolve()) else None
+
+
 def _compile(request: CompileRequest) -> Callable[[list], Any]:
-    """The graph's compiled code, compiled by the worker process and loaded here."""
-    compiled = _worker().compile(describe(request))
+    """The graph's compiled code, compiled by the worker process and loaded here. A damaged
+    library in the cache is removed and the graph compiled once more."""
+    try:
+        compiled = _worker().compile(describe(request))
+    except Exception as e:  # noqa: BLE001 - anything but a damaged cached library is the caller's
+        damaged = damaged_cache_file(e)
+        if damaged is None:
+            raise
+        damaged.unlink(missing_ok=True)
+        compiled = _worker().compile(describe(request))
 
     def run(inputs: list) -> Any:
         return compiled(*inputs)
