@@ -459,13 +459,9 @@ def test_a_kernel_killed_and_restarted_during_a_cell_takes_the_ranks_and_folder(
 def test_torchrun_and_ranks_listen_on_the_loopback_interface_only(tmp_path: Path) -> None:
     """torchrun's stores (rendezvous and the workers' bootstrap store) are unauthenticated:
     another machine must not reach them. Before, torch's TCPStore listened on every interface."""
-    def as_a_kernel_starts() -> None:  # SIGINT raises KeyboardInterrupt, whatever this process ignores
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
     caller = subprocess.Popen([sys.executable, "-c", f"from neuron_lab.launch import run_on_ranks\n"
                                                      f"run_on_ranks({SLEEPING_CELL!r}, 2, timeout=600)"],
-                              env=_caller_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              preexec_fn=as_a_kernel_starts)
+                              env=_caller_environment(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _cell_folder_once_ranks_run(tmp_path, lambda: caller.poll() is None)
         listening = {}
