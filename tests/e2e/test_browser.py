@@ -43,11 +43,28 @@ STDOUT = '[data-mime-type="application/vnd.jupyter.stdout"]'
 STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]'  # stderr and tracebacks
 
 
-def write_notebook(path, kernelspec: dict) -> None:
+def open_and_run_all(page, jupyter_server, name: str, sources, viewport: dict | None = None):
+    """Writes a notebook of ``sources`` (one code cell each), opens it in JupyterLab once its
+    kernel is idle, and starts Run > Run All Cells, as a user would; returns its code cells."""
+    from playwright.sync_api import expect
+
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = kernelspec
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS.values()]
-    nbformat.write(nb, str(path))
+    nb.metadata["kernelspec"] = jupyter_server.kernelspec
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    nbformat.write(nb, str(jupyter_server.root_dir / name))
+    page.set_default_timeout(30_000)
+    if viewport is not None:
+        page.set_viewport_size(viewport)
+    page.goto(jupyter_server.notebook_url(name))
+    notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
+    expect(notebook).to_be_visible(timeout=60_000)
+    cells = notebook.locator(".jp-CodeCell")
+    expect(cells).to_have_count(len(sources))
+    page.wait_for_function(KERNEL_IDLE_JS, timeout=60_000)
+    page.evaluate("window.jupyterapp.shell.collapseLeft()")  # more room for the outputs
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    return cells
 
 
 _KERNEL = """
@@ -98,20 +115,8 @@ def test_notebook_runs_and_renders(page, jupyter_server, artifacts_dir):
     from playwright.sync_api import expect
 
     started = time.monotonic()
-    write_notebook(jupyter_server.root_dir / NOTEBOOK, jupyter_server.kernelspec)
-    page.set_default_timeout(30_000)
-    page.goto(jupyter_server.notebook_url(NOTEBOOK))
-
+    cells = open_and_run_all(page, jupyter_server, NOTEBOOK, list(CELLS.values()))
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
-    expect(notebook).to_be_visible(timeout=60_000)
-    cells = notebook.locator(".jp-CodeCell")
-    expect(cells).to_have_count(len(CELLS))
-    page.wait_for_function(KERNEL_IDLE_JS, timeout=60_000)
-    page.evaluate("window.jupyterapp.shell.collapseLeft()")  # more room for the pictures
-
-    # Run > Run All Cells, as a user would.
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     try:
         page.wait_for_function(RUN_ALL_DONE_JS, timeout=120_000)
     except Exception as e:  # noqa: BLE001 - Playwright's TimeoutError, with the cells' state

@@ -21,10 +21,9 @@ from __future__ import annotations
 import re
 import time
 
-import nbformat
 import pytest
 
-from tests.e2e.test_browser import KERNEL_IDLE_JS, RUN_ALL_DONE_JS, describe_cells
+from tests.e2e.test_browser import RUN_ALL_DONE_JS, describe_cells, open_and_run_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -81,21 +80,9 @@ def test_the_live_panel_changes_while_a_cell_runs_and_charts_a_failed_cell(page,
     from playwright.sync_api import expect
 
     started = time.monotonic()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = jupyter_server.kernelspec
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS]
-    nbformat.write(nb, str(jupyter_server.root_dir / NOTEBOOK))
-    page.set_default_timeout(30_000)
-    page.set_viewport_size({"width": 1800, "height": 1000})  # room for the notebook and the docked panel
-    page.goto(jupyter_server.notebook_url(NOTEBOOK))
+    cells = open_and_run_all(page, jupyter_server, NOTEBOOK, CELLS,
+                             viewport={"width": 1800, "height": 1000})  # room for the notebook and the docked panel
     notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
-    expect(notebook).to_be_visible(timeout=60_000)
-    cells = notebook.locator(".jp-CodeCell")
-    expect(cells).to_have_count(len(CELLS))
-    page.wait_for_function(KERNEL_IDLE_JS, timeout=60_000)
-    page.evaluate("window.jupyterapp.shell.collapseLeft()")
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
 
     # Wait for the training cell to start with the panel shown, then read the panel until it ends.
     page.wait_for_function(

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import re
 
-import nbformat
 import pytest
 
-from tests.e2e.test_browser import KERNEL_IDLE_JS, RUN_ALL_DONE_JS, describe_cells
+from tests.e2e.test_browser import RUN_ALL_DONE_JS, describe_cells, open_and_run_all
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -55,20 +54,7 @@ STDERR = '[data-mime-type="application/vnd.jupyter.stderr"]'
 def test_late_error_and_compare_read_as_a_user_sees_them(page, jupyter_server, artifacts_dir):
     from playwright.sync_api import expect
 
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = jupyter_server.kernelspec
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in CELLS.values()]
-    nbformat.write(nb, str(jupyter_server.root_dir / NOTEBOOK))
-    page.set_default_timeout(30_000)
-    page.goto(jupyter_server.notebook_url(NOTEBOOK))
-    notebook = page.locator(".jp-NotebookPanel .jp-Notebook")
-    expect(notebook).to_be_visible(timeout=60_000)
-    cells = notebook.locator(".jp-CodeCell")
-    expect(cells).to_have_count(len(CELLS))
-    page.wait_for_function(KERNEL_IDLE_JS, timeout=60_000)
-    page.evaluate("window.jupyterapp.shell.collapseLeft()")
-    page.get_by_role("menuitem", name="Run", exact=True).click()
-    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    cells = open_and_run_all(page, jupyter_server, NOTEBOOK, list(CELLS.values()))
     page.wait_for_function(RUN_ALL_DONE_JS, timeout=120_000)
 
     def cell(name: str):
