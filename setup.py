@@ -31,11 +31,12 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 BUILT_WITH = Path("neuron_lab/device/_built_with.py")
 
 # The device runtime, the adaptive-eager recorder and the fast host kernels build into one
-# extension. Sources include each other from the package root ("device/csrc/runtime.h").
+# extension. Every .cpp under these folders is a source (the device's csrc has a folder per
+# layer); sources include each other from the package root ("device/csrc/runtime/runtime.h").
 CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc"), Path("neuron_lab/fastpath/csrc")]
 
 # kineto's headers (torch ships them): torch.profiler's PrivateUse1 activity profiler
-# (neuron_lab/device/csrc/kineto_plugin.cpp) implements its interface.
+# (neuron_lab/device/csrc/tracing/kineto_plugin.cpp) implements its interface.
 KINETO_INCLUDE = Path(torch.__file__).parent / "include" / "kineto"
 
 # Hidden visibility (pybind11's advice for extension modules): the module exports only

@@ -17,14 +17,73 @@ UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kerne
 
 def test_the_native_device_includes_and_declares_nothing_of_adaptive_eager() -> None:
     offending = []
-    for path in sorted(DEVICE_CSRC.glob("*.[ch]*")):
+    for path in sorted(DEVICE_CSRC.rglob("*.[ch]*")):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             code = line.split("//", 1)[0]
             if re.search(r'#include\s+".*adaptive_eager', code) or re.search(r"\blazy::|namespace\s+neuron::lazy", code):
-                offending.append(f"{path.name}:{number}: {line.strip()}")
+                offending.append(f"{path.relative_to(DEVICE_CSRC)}:{number}: {line.strip()}")
     assert not offending, "the device reaches into the runtime above it:\n" + "\n".join(offending)
     # The runtime plugs in through the one interface the device offers.
-    assert "class OpInterceptor" in (DEVICE_CSRC / "interceptor.h").read_text()
+    assert "class OpInterceptor" in (DEVICE_CSRC / "runtime" / "interceptor.h").read_text()
+
+
+# The device's native code lives in rooms, one per layer (runtime/runtime.h's layout note),
+# and each room may include the headers of the rooms listed here only: the runtime (device,
+# streams, memory, generators, hooks, the interceptor) and the tracing it writes to are the
+# base; the ATen glue (kernels, the fallback, what the device registers) builds on them; the
+# Python bindings sit on top.
+ROOM_INCLUDES = {
+    "runtime": {"runtime", "tracing"},
+    "tracing": {"tracing", "runtime"},
+    "aten": {"aten", "runtime", "tracing"},
+    "python": {"python", "aten", "runtime", "tracing"},
+}
+
+
+def _included_rooms(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, header, room) of each of the file's project includes: a bare name is in the
+    file's own room, ``device/csrc/<room>/x.h`` in that room; anything else has room None."""
+    found = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        match = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
+        if match is None:
+            continue
+        header = match.group(1)
+        parts = header.split("/")
+        if len(parts) == 1:
+            found.append((number, header, path.parent.name if (path.parent / header).exists() else None))
+        elif len(parts) == 4 and parts[:2] == ["device", "csrc"] and (DEVICE_CSRC / parts[2] / parts[3]).exists():
+            found.append((number, header, parts[2]))
+        else:
+            found.append((number, header, None))
+    return found
+
+
+def test_each_device_room_includes_only_the_rooms_below_it() -> None:
+    """Every file of the device's csrc lives in a room, and includes only its own room's
+    headers and those of the rooms it builds on (ROOM_INCLUDES): the runtime includes
+    nothing of the ATen glue or the bindings, the ATen glue nothing of the bindings."""
+    stray = [p.name for p in DEVICE_CSRC.iterdir() if p.is_file() or p.name not in ROOM_INCLUDES]
+    assert not stray, f"files or folders outside the rooms {sorted(ROOM_INCLUDES)}: {stray}"
+    offending = []
+    for room, allowed in ROOM_INCLUDES.items():
+        for path in sorted((DEVICE_CSRC / room).rglob("*.[ch]*")):
+            for number, header, included in _included_rooms(path):
+                if included not in allowed:
+                    offending.append(f"{room}/{path.name}:{number}: includes {header!r}"
+                                     f" ({'not a header of the rooms' if included is None else included})")
+    assert not offending, "a room includes what lies above it:\n" + "\n".join(offending)
+
+
+def test_the_room_check_sees_an_include_from_above(tmp_path: Path) -> None:
+    """The check resolves both spellings of an include to the room it names."""
+    source = tmp_path / "runtime" / "x.cpp"
+    source.parent.mkdir()
+    source.write_text('#include "device/csrc/python/python_submodules.h"\n#include "runtime.h"\n'
+                      '#include "device/csrc/aten/dense_layout.h"\n')
+    (tmp_path / "runtime" / "runtime.h").write_text("")
+    rooms = [room for _, _, room in _included_rooms(source)]
+    assert rooms == ["python", "runtime", "aten"]
 
 
 def _imported_modules(source: str, package: list[str]) -> list[tuple[int, str]]:

@@ -49,7 +49,7 @@ def build_probe(python: str, out: Path) -> None:
     query = "import sysconfig, json; print(json.dumps([sysconfig.get_paths()['include'], sysconfig.get_config_var('EXT_SUFFIX')]))"
     include, suffix = json.loads(subprocess.run([python, "-c", query], capture_output=True, text=True, check=True).stdout)
     compiler = os.environ.get("CXX") or shutil.which("c++") or "g++"
-    csrc = ROOT / "neuron_lab" / "device" / "csrc"
+    csrc = ROOT / "neuron_lab" / "device" / "csrc" / "tracing"
     result = subprocess.run(
         [compiler, "-std=c++17", "-O1", "-fPIC", "-shared", f"-I{include}", f"-I{csrc}",
          str(csrc / "source.cpp"), str(PROBE / "probe.cpp"), "-o", str(out / f"source_probe{suffix}")],
@@ -79,7 +79,7 @@ def test_source_lines_match_python_frames(version: tuple[int, int], tmp_path: Pa
 
 def test_the_probe_checks_what_the_build_accepts() -> None:
     """source.cpp's compile-time guard and the build's list name the same versions."""
-    text = (ROOT / "neuron_lab" / "device" / "csrc" / "source.cpp").read_text()
+    text = (ROOT / "neuron_lab" / "device" / "csrc" / "tracing" / "source.cpp").read_text()
     low, high = SUPPORTED_PYTHONS[0], SUPPORTED_PYTHONS[-1]
     assert f"PY_VERSION_HEX < 0x03{low[1]:02X}0000" in text
     assert f"PY_VERSION_HEX >= 0x03{high[1] + 1:02X}0000" in text

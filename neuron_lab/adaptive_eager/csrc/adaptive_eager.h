@@ -10,8 +10,8 @@
 //                 background compiler, compiled graphs swapped in
 #pragma once
 
-#include "../../device/csrc/interceptor.h"
-#include "../../device/csrc/runtime.h"
+#include "device/csrc/runtime/interceptor.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

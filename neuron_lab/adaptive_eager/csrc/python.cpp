@@ -3,7 +3,7 @@
 // compile_queue.cpp.
 #include "adaptive_eager.h"
 #include "storage_state.h"
-#include "../../device/csrc/python_submodules.h"
+#include "device/csrc/python/python_submodules.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>

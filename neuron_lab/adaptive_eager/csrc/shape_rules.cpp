@@ -15,7 +15,7 @@
 #include <ATen/ops/result_type.h>
 #include <c10/util/strides.h>
 
-#include "../../device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <cmath>
 #include <limits>

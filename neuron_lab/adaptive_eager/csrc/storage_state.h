@@ -4,7 +4,7 @@
 // failed or was skipped).
 #pragma once
 
-#include "../../device/csrc/runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <c10/core/Storage.h>
 

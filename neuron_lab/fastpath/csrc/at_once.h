@@ -2,7 +2,7 @@
 // new device memory for their results, and the launch each runs as.
 #pragma once
 
-#include "device/csrc/runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>

@@ -4,10 +4,10 @@
 // the ATen kernel it mirrors (the list at the end; KERNELS.md documents each). The kernels'
 // own code lives by kind in the folders beside this file; this file adapts them to each op's
 // signature.
-#include "device/csrc/dense_layout.h"
-#include "device/csrc/host_kernel_table.h"
-#include "device/csrc/interceptor.h"
-#include "device/csrc/runtime.h"
+#include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/host_kernel_table.h"
+#include "device/csrc/runtime/interceptor.h"
+#include "device/csrc/runtime/runtime.h"
 #include "fastpath/csrc/at_once.h"
 #include "fastpath/csrc/aten_direct/cpu_stubs.h"
 #include "fastpath/csrc/aten_direct/layer_norm.h"

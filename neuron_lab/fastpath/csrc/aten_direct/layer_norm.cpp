@@ -12,7 +12,7 @@
 
 #include "fastpath/csrc/aten_direct/layer_norm.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/native/layer_norm.h>
 

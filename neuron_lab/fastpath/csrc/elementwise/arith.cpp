@@ -1,8 +1,8 @@
 // Small elementwise add, sub and mul with ATen's bits (arith.h says what it takes).
 #include "fastpath/csrc/elementwise/arith.h"
 
-#include "device/csrc/dense_layout.h"
-#include "device/csrc/vector_clones.h"
+#include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/vector_clones.h"
 
 #include <ATen/TensorIterator.h>
 

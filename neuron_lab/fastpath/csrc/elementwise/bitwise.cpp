@@ -1,7 +1,7 @@
 // Small bitwise and / or / not with ATen's results (bitwise.h says what it takes).
 #include "fastpath/csrc/elementwise/bitwise.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <type_traits>
 

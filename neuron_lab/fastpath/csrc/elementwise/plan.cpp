@@ -1,7 +1,7 @@
 // The shared elementwise plan (plan.h).
 #include "fastpath/csrc/elementwise/plan.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -1,8 +1,8 @@
 // Small neg, rsqrt and pow by 2, 3, -1 or -0.5 with ATen's bits (unary.h says what it takes).
 #include "fastpath/csrc/elementwise/unary.h"
 
-#include "device/csrc/dense_layout.h"
-#include "device/csrc/vector_clones.h"
+#include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/vector_clones.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -1,7 +1,7 @@
 // Small where(condition, self, other) with ATen's bits (where.h says what it takes).
 #include "fastpath/csrc/elementwise/where.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <cstring>
 

@@ -1,7 +1,7 @@
 // addmm and mm as the one BLAS call ATen's CPU kernel makes (blas_matmul.h says what it takes).
 #include "fastpath/csrc/matmul/blas_matmul.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/Context.h>
 #include <c10/util/TypeCast.h>

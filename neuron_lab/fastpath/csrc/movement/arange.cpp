@@ -1,7 +1,7 @@
 // Small integer arange with ATen's values (arange.h says what it takes).
 #include "fastpath/csrc/movement/arange.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

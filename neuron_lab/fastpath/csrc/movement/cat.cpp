@@ -1,7 +1,7 @@
 // torch.cat of small row-major tensors as block copies (cat.h says what it takes).
 #include "fastpath/csrc/movement/cat.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>
 #include <c10/core/MemoryFormat.h>

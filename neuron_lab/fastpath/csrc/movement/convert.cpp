@@ -1,7 +1,7 @@
 // Small dtype conversions with ATen's values (convert.h says what it takes).
 #include "fastpath/csrc/movement/convert.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -1,7 +1,7 @@
 // Small fill_(self, value) with ATen's bytes (fill.h says what it takes).
 #include "fastpath/csrc/movement/fill.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -1,7 +1,7 @@
 // index_select of a contiguous tensor as block copies (index_select.h says what it takes).
 #include "fastpath/csrc/movement/index_select.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -2,7 +2,7 @@
 // what they take).
 #include "fastpath/csrc/reductions/compare.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

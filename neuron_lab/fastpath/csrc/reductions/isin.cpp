@@ -1,7 +1,7 @@
 // isin of small integer tensors by a scan (isin.h says what it takes).
 #include "fastpath/csrc/reductions/isin.h"
 
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

@@ -2,7 +2,7 @@
 #include "fastpath/csrc/reductions/sum.h"
 
 #include "fastpath/csrc/aten_direct/cpu_stubs.h"
-#include "device/csrc/dense_layout.h"
+#include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 

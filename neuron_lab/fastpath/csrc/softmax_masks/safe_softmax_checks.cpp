@@ -1,8 +1,8 @@
 // The three checks of `_safe_softmax` (safe_softmax_checks.h says what each takes).
 #include "fastpath/csrc/softmax_masks/safe_softmax_checks.h"
 
-#include "device/csrc/dense_layout.h"
-#include "device/csrc/vector_clones.h"
+#include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/vector_clones.h"
 #include "fastpath/csrc/boxed.h"
 
 #include <ATen/MemoryOverlap.h>

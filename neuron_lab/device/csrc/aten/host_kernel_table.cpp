@@ -1,7 +1,7 @@
 // The table of fast host kernels (host_kernel_table.h) and the boxed path's use of it.
 #include "host_kernel_table.h"
 
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>

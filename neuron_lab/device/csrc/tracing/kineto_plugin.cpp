@@ -30,7 +30,7 @@
 #include <libkineto.h>
 #include <output_base.h>
 
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <chrono>
 #include <map>

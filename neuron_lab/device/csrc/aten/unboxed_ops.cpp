@@ -17,8 +17,8 @@
 // table of fast host kernels (host_kernel_table.h) holds one for the op that takes the call,
 // it runs in place of the CPU kernel, with the CPU kernel's bits.
 #include "host_kernel_table.h"
-#include "interceptor.h"
-#include "runtime.h"
+#include "device/csrc/runtime/interceptor.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE

@@ -6,8 +6,8 @@
 // (in-place and out= ops) returns that argument; an output that views an
 // argument's memory becomes a neuron view of it. Only fresh results are copied
 // into device memory, so the allocator accounts for every byte.
-#include "interceptor.h"
-#include "runtime.h"
+#include "device/csrc/runtime/interceptor.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>

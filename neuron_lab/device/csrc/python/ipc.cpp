@@ -16,8 +16,8 @@
 // storage (and the message's count back at once), so views sent apart stay views of one
 // storage, and a storage sent back to its owner is the owner's own.
 #include "python_submodules.h"
-#include "runtime.h"
-#include "segment_memory.h"
+#include "device/csrc/runtime/runtime.h"
+#include "device/csrc/runtime/segment_memory.h"
 
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>

@@ -3,7 +3,7 @@
 // (rnn_as_on_cpu.cpp), and these serve direct calls: composed from CPU ops on device
 // memory, one launch per cell step, with the same workspace layout as CUDA's so
 // autograd's formulas apply unchanged.
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>

@@ -2,10 +2,10 @@
 // device memory, copies between devices, metadata-only views, resizing and
 // storage swaps, and the two convolution entry points PyTorch reserves for
 // out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 #include "dense_layout.h"
-#include "interceptor.h"
-#include "segment_memory.h"
+#include "device/csrc/runtime/interceptor.h"
+#include "device/csrc/runtime/segment_memory.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/transformers/attention.h>

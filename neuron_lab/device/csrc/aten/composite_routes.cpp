@@ -11,7 +11,7 @@
 // The ops are found in the dispatcher when the extension loads (after every kernel of
 // this extension is registered), so an op a new torch adds to the class is routed too.
 #include "composite_routes.h"
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>

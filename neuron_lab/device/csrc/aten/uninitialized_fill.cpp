@@ -13,7 +13,7 @@
 // state of the thread tells the two apart (torch.empty's own binding excludes the autograd
 // keys too): in this mode those results are filled as well, then written by the op. The
 // same values, at the cost of one fill per result.
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/native/ResizeCommon.h>
 #include <ATen/native/TensorFactories.h>

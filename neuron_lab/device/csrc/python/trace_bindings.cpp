@@ -1,6 +1,6 @@
 // The Python module neuron_lab.device._C.trace: launch records, memory samples,
 // running totals and the event log, as plain Python values (trace.h).
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>

@@ -9,7 +9,7 @@
 //
 // Dropout's pointwise part is one fused op (neuron::dropout_apply, and neuron::masked_scale
 // in its backward) where it applies.
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 #include "vector_clones.h"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,7 +1,7 @@
 // Launch records, memory samples, running totals and the event log (trace.h).
 #include "trace.h"
 
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>

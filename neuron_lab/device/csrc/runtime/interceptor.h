@@ -13,7 +13,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/Stream.h>
 
-#include "reason.h"
+#include "device/csrc/tracing/reason.h"
 
 #include <string>
 #include <string_view>

@@ -12,7 +12,7 @@
 // autograd key, and take the CPU's path with the same ATen ops in the same order, each
 // dispatched to the device (its CPU kernel, its autograd formula), so that results,
 // gradients and training steps are the CPU's bits. Argument checks say what ATen's do.
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/Functions.h>
 #include <ATen/TensorOperators.h>

@@ -6,7 +6,7 @@
 //
 //   histc on integer tensors (Hugging Face's mixture-of-experts routing counts the
 //   tokens per expert with torch.histc on int32 expert ids off the CPU).
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/Operators.h>
 #include <ATen/native/CPUFallback.h>

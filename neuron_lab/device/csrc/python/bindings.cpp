@@ -2,9 +2,9 @@
 // runtime's counters. Device, stream, event and memory APIs reach Python
 // through PyTorch itself (torch.accelerator, torch.Stream, torch.Event), which
 // calls the guard, hooks and allocator registered by the other files.
-#include "composite_routes.h"
+#include "device/csrc/aten/composite_routes.h"
 #include "python_submodules.h"
-#include "runtime.h"
+#include "device/csrc/runtime/runtime.h"
 
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>

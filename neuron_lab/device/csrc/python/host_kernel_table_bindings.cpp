@@ -1,7 +1,7 @@
 // The Python module neuron_lab.device._C.fast_path: the mode of the table of fast host
 // kernels (host_kernel_table.h), what it holds, and its families' switches, for the package
 // that registers the kernels (neuron_lab.fastpath), its tests and benchmarks.
-#include "host_kernel_table.h"
+#include "device/csrc/aten/host_kernel_table.h"
 #include "python_submodules.h"
 
 #include <pybind11/pybind11.h>

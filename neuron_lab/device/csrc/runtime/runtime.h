@@ -34,7 +34,7 @@
 #include <c10/core/Stream.h>
 #include <c10/util/SmallVector.h>
 
-#include "trace.h"
+#include "device/csrc/tracing/trace.h"
 
 #include <atomic>
 #include <functional>

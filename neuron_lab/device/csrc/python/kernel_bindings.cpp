@@ -3,8 +3,8 @@
 // torch.compile backend): wait for the launches using its tensors, CPU aliases of
 // device memory (no copies), a launch scope that the profiler and counters see, and
 // results adopted into device memory without copies.
-#include "runtime.h"
-#include "interceptor.h"
+#include "device/csrc/runtime/runtime.h"
+#include "device/csrc/runtime/interceptor.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
