@@ -3,7 +3,7 @@
 Two things a plain setuptools build gets wrong here:
 
 * **The Python.** The extension reads CPython's private frame structs, laid out anew in each
-  minor version (neuron_lab/device/csrc/source.cpp): it builds for CPython 3.11 to 3.13 only.
+  minor version (neuron_lab/device/csrc/tracing/source.cpp): it builds for CPython 3.11 to 3.13 only.
   pip checks ``requires-python`` only after the build requirements (setuptools, then torch,
   hundreds of MB) are installed into the build environment. So ``[build-system] requires`` is
   empty, and the first hook pip calls (``get_requires_for_build_*``) refuses any other Python

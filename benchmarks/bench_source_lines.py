@@ -1,7 +1,7 @@
 """Host cost of recording an op with and without its source line, in ops per second.
 
 Adaptive mode records each op lazily and, with ``capture_source`` (the default), reads the
-caller's source line from the frame stack (device/csrc/source.cpp). A chain of tiny ops
+caller's source line from the frame stack (device/csrc/tracing/source.cpp). A chain of tiny ops
 (64 floats: the host cost dominates) is timed with the capture on and off, interleaved;
 medians of the repeats. Run it from two checkouts with the same environment to compare
 builds, e.g. before and after a change to source.cpp:

@@ -1,6 +1,6 @@
 """Building the package: which Pythons it builds for, and that any other is refused at once.
 
-The extension reads CPython's private frame structs (device/csrc/source.cpp), laid out anew in
+The extension reads CPython's private frame structs (device/csrc/tracing/source.cpp), laid out anew in
 each minor version, so the build must refuse a Python it has no layout for, with the reason and
 the fix, before pip downloads anything (pip itself checks requires-python only after installing
 the build requirements, torch among them: hundreds of MB).

@@ -1,4 +1,4 @@
-"""The fast host kernels' seam (neuron_lab/device/csrc/host_kernel_table.h) and their package
+"""The fast host kernels' seam (neuron_lab/device/csrc/aten/host_kernel_table.h) and their package
 (neuron_lab.fastpath): NEURON_LAB_FASTPATH=off runs ATen's kernels only, validate compares
 each kernel's result with ATen's and names the kernel and the inputs where a bit differs, an
 unvalidated torch turns the kernels off with one warning, and KERNELS.md lists every kernel."""

@@ -234,3 +234,31 @@ def test_the_device_runs_alone_without_the_recorder() -> None:
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True"], result.stdout
+
+
+def test_one_file_lists_everything_the_device_registers() -> None:
+    """Every TORCH_LIBRARY / TORCH_LIBRARY_IMPL block of the extension is in
+    aten/registrations.cpp, and it calls every registration function the ATen glue's files
+    offer (aten/registrations.h): what the device does for an op is read in one file."""
+    registrations = DEVICE_CSRC / "aten" / "registrations.cpp"
+    elsewhere = []
+    for path in sorted((ROOT / "neuron_lab").rglob("*.[ch]*")):
+        if path.suffix not in (".cpp", ".h") or path == registrations:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"\s*TORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(", line):
+                elsewhere.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not elsewhere, "register in aten/registrations.cpp instead:\n" + "\n".join(elsewhere)
+    offered = re.findall(r"void (register_\w+)\(torch::Library& m\);", (DEVICE_CSRC / "aten" / "registrations.h").read_text())
+    text = registrations.read_text()
+    assert offered and not [name for name in offered if f"{name}(m)" not in text], offered
+
+
+def test_no_op_is_registered_twice() -> None:
+    """registrations.cpp's lists never name an op twice: a second registration for the same
+    op and key would silently override the first (the dispatcher only warns)."""
+    from conftest import run_python
+
+    result = run_python("import torch, neuron_lab; print(torch.ones(2, device='neuron').add(1).sum().item())")
+    assert result.returncode == 0, result.stderr
+    assert "Overriding a previously registered kernel" not in result.stderr, result.stderr

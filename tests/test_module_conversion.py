@@ -6,7 +6,7 @@ parameter's data in place (``param.data = new``) only when PyTorch calls the two
 shallow-copy compatible; otherwise it builds new Parameter objects, which unties shared
 weights and orphans optimizers, hooks and attributes. Every test here compares with the
 same code on the CPU, and every one failed before neuron tensors were made compatible
-with CPU tensors (``neuron_lab/device/csrc/kernels.cpp``).
+with CPU tensors (``neuron_lab/device/csrc/aten/kernels.cpp``).
 """
 
 from __future__ import annotations

@@ -36,6 +36,39 @@ def known_workload(x: torch.Tensor, steps: int = 5) -> list[float]:
     return values
 
 
+# ---- typed kinds ---------------------------------------------------------------------------
+
+def test_launch_and_event_kinds_reach_python_typed() -> None:
+    """Launch records and logged events carry LaunchKind / EventKind members (str enums made
+    from the native kinds, equal to their words); a kind nobody defined is refused by name."""
+    import pickle
+
+    from neuron_lab.device import trace
+
+    assert [k.value for k in trace.LaunchKind] == ["graph", "op", "inline", "event", "wait"]
+    assert trace.EventKind.NEW_GRAPH == "new_graph" and f"{trace.EventKind.SYNC}" == "sync"
+    assert pickle.loads(pickle.dumps(trace.LaunchKind.WAIT)) is trace.LaunchKind.WAIT
+    since = trace.now_ns()
+    handle = trace.start_profile()
+    x = torch.arange(6.0, device="neuron")
+    (x * 2).sum().item()
+    torch.neuron.Event().record()
+    torch.neuron.synchronize()
+    launches = trace.stop_profile(handle)["launches"]
+    kinds = {launch["kind"] for launch in launches}
+    assert all(type(kind) is trace.LaunchKind for kind in kinds), kinds
+    assert trace.LaunchKind.EVENT in kinds and kinds & {trace.LaunchKind.GRAPH, trace.LaunchKind.OP}, kinds
+    trace.log_event(trace.EventKind.COMPILE, "graph 1", "a test", device=0)
+    trace.log_event("compile_failed", "graph 2", "a test", device=0)
+    events = trace.events_since(since)
+    assert all(type(e["kind"]) is trace.EventKind for e in events), events
+    assert [e["kind"] for e in events if e["detail"] == "a test"] == [
+        trace.EventKind.COMPILE, trace.EventKind.COMPILE_FAILED]
+    with pytest.raises(ValueError, match="launch_started"):
+        trace.log_event("launch_started", "x", "y")
+    assert set(trace.launch_times()) == {trace.LaunchKind.GRAPH, trace.LaunchKind.OP, trace.LaunchKind.INLINE}
+
+
 # ---- the table ----------------------------------------------------------------------------
 
 def test_table_rows_and_counts_for_a_known_workload():

@@ -1,4 +1,4 @@
-"""Source lines on every supported CPython: the device's frame-stack reader (device/csrc/source.cpp)
+"""Source lines on every supported CPython: the device's frame-stack reader (device/csrc/tracing/source.cpp)
 built alone, as a tiny extension, for each interpreter the build accepts, and checked against
 Python's own frames in the situations each version lays out differently (inlined
 comprehensions, generators, coroutines, C calls into Python, threads).

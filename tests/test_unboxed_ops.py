@@ -1,4 +1,4 @@
-"""The device's unboxed path (neuron_lab/device/csrc/unboxed_ops.cpp): the ops a transformer
+"""The device's unboxed path (neuron_lab/device/csrc/aten/unboxed_ops.cpp): the ops a transformer
 and a decoding loop run most skip boxing their arguments when the runtime runs them at once.
 They must give the CPU's bits, keep eager's aliasing, out= and error semantics, and leave
 the runtime as the boxed fallback would: recording where ops repeat, run at once where not."""

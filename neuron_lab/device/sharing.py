@@ -4,9 +4,9 @@ A Queue, ``mp.spawn``'s arguments, DataLoader workers started with
 ``multiprocessing_context="spawn"`` or ``"forkserver"``: ``torch.multiprocessing`` pickles a
 tensor through its storage. Installed when the device is first used, the reduction of a
 neuron storage sends no bytes. Device memory is one memory file per core
-(``csrc/segment_memory.cpp``); the receiver maps the same pages, on the same core index,
+(``csrc/runtime/segment_memory.cpp``); the receiver maps the same pages, on the same core index,
 through the file's descriptor, which multiprocessing passes on with ``DupFd`` as torch's
-``file_descriptor`` strategy passes CPU storages (``csrc/ipc.cpp``). The two processes then
+``file_descriptor`` strategy passes CPU storages (``csrc/python/ipc.cpp``). The two processes then
 share the memory: a write on one side is seen by the other once it has synchronized.
 Views, offsets, strides, dtypes and ``requires_grad`` travel as torch sends them for CUDA
 (a non-leaf tensor that requires grad is refused, as for CUDA); values still being computed

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator, Optional
 from neuron_lab.device import _C
 
 __all__ = [
+    "EventKind",
+    "LaunchKind",
     "Reason",
     "allocated",
     "async_failures",
@@ -43,6 +45,14 @@ _native = _C.trace
 Reason = _native.Reason
 """Why the host waited for the device or the runtime launched its buffer (``Reason.COPY_TO_HOST``,
 ``Reason.OP_LIMIT``, ...); ``reason.words`` is how counters and explanations name it."""
+
+LaunchKind = _native.LaunchKind
+"""What a launch record is (its ``kind``): ``GRAPH``, ``OP``, ``INLINE``, ``EVENT``, ``WAIT``. A
+``StrEnum`` made from the native kinds, so each member equals its word (``LaunchKind.GRAPH == "graph"``)."""
+
+EventKind = _native.EventKind
+"""What an event of the log is (its ``kind``): ``SYNC``, ``NEW_GRAPH``, ``RECOMPILE``, ``INLINE_OP``,
+``COMPILE``, ``COMPILE_FAILED``, ``COMPILED_FALLBACK``, ``POLICY``; a ``StrEnum`` like ``LaunchKind``."""
 
 
 def now_ns() -> int:
@@ -107,10 +117,10 @@ def events_since(since_ns: int) -> list[dict[str, Any]]:
     return list(_native.events_since(int(since_ns)))
 
 
-def log_event(kind: str, what: str, detail: str, duration_ns: int = 0, graph_id: int = -1,
+def log_event(kind: EventKind | str, what: str, detail: str, duration_ns: int = 0, graph_id: int = -1,
               device: int = -1) -> None:
     """Logs an event (e.g. a torch.compile graph build) at the caller's user line; it began
-    ``duration_ns`` ago."""
+    ``duration_ns`` ago. ``kind`` is an ``EventKind`` or its word; any other raises ValueError."""
     _native.log_event(kind, what, detail, int(duration_ns), int(graph_id), int(device))
 
 
@@ -149,9 +159,9 @@ def async_failures() -> list[dict[str, Any]]:
     return list(_native.async_failures())
 
 
-def launch_times() -> dict[str, tuple[int, list[int]]]:
-    """Per launch kind (``graph``, ``op``, ``inline``): (launches so far, the last <= 8192
-    execution times in ns)."""
+def launch_times() -> dict[LaunchKind, tuple[int, list[int]]]:
+    """Per launch kind that runs work (``LaunchKind.GRAPH``, ``OP``, ``INLINE``): (launches so
+    far, the last <= 8192 execution times in ns)."""
     return {kind: (int(count), list(times)) for kind, (count, times) in _native.launch_times().items()}
 
 

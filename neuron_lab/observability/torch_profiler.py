@@ -2,7 +2,7 @@
 
 ``torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])``
 traces the device through the activity profiler the device registers with kineto
-(``neuron_lab/device/csrc/kineto_plugin.cpp``): a lane per core and stream with a kernel per
+(``neuron_lab/device/csrc/tracing/kineto_plugin.cpp``): a lane per core and stream with a kernel per
 op, linked to the CPU op that recorded it. Before those lanes are made, the device asks the
 annotator registered here for what it cannot know itself:
 

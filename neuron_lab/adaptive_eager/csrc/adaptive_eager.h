@@ -1,17 +1,14 @@
 // Adaptive eager: ops on neuron tensors are recorded into a per-stream buffer
 // and launched on the stream as small fused graphs.
 //
-//   recorder.cpp  which ops can be recorded, recording them, the flush policy
-//   checked_signatures.cpp  ops whose meta kernel misses a CPU check: each signature's first call runs at once
-//   launch.cpp    a flushed buffer becomes a launch: memory for live results,
-//                 the graph cache, and execution by replay or compiled code
-//   source.cpp    the user's source line of each recorded op
-//   python.cpp    the Python side: modes, counters, graph descriptions for the
-//                 background compiler, compiled graphs swapped in
+// One folder, this header shared by its files; each file opens with its concern. The
+// runtime plugs into the device through its interceptor (device/csrc/runtime/interceptor.h)
+// and adds its Python submodule, _C.adaptive (python.cpp).
 #pragma once
 
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
+#include "counters.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -167,28 +164,7 @@ class RepeatTracker {
 };
 RepeatTracker& repeats();
 
-// Counters for every decision the runtime takes.
-struct Counters {
-  std::atomic<uint64_t> ops_recorded{0}, launches{0}, graph_launches{0}, graphs_built{0}, cache_hits{0},
-      compiles_requested{0}, compiles_succeeded{0}, compiles_failed{0}, compile_ns{0},
-      compiled_launches{0}, replay_launches{0}, compiled_fallbacks{0}, compiled_rejected{0}, compiled_stale{0},
-      inline_ops{0}, dead_intermediate_bytes{0}, live_result_bytes{0}, graphs_evicted{0},
-      graph_joins{0},  // buffers held past a cached graph's end to join its usual successor
-      tiled_runs{0}, tiled_ops{0},
-      metas_computed{0};  // result metadata not in the cache: a meta kernel ran
-  // Ops run at once since the process started (never reset: the recorder compares it
-  // across launches), and its value at the last reset(): one atomic add an op, not two.
-  std::atomic<uint64_t> ops_run_at_once_total{0}, ops_run_at_once_at_reset{0};
-  uint64_t ops_run_at_once() const { return ops_run_at_once_total.load() - ops_run_at_once_at_reset.load(); }
-  std::array<std::atomic<uint64_t>, kReasons> flushes{};  // by reason
-  std::mutex mutex;
-  std::map<std::string, uint64_t, std::less<>> syncs;  // by trigger (the op that waited, else the reason's words)
-  std::map<std::string, uint64_t, std::less<>> inline_by_op;  // found by string_view
-  void count_flush(Reason reason) { flushes[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed); }
-  void count_sync(Reason reason, std::string_view what);
-  void reset();
-};
-Counters& counters();
+// The runtime's counters: counters.h.
 
 // ---- recorder.cpp ------------------------------------------------------------
 // Records the op on the stack if the current mode and the op allow it; returns

@@ -24,8 +24,8 @@
 //
 // Every op would be exact, but would also run the first call of every
 // new shape at once (a loop whose shapes grow would never be recorded).
-// tests/test_opinfo_errors.py (PyTorch's error inputs, in every mode) and
-// tests/test_bitwise.py (results' bits and strides) fail on a new member, and check that
+// test_opinfo_errors.py (PyTorch's error inputs, in every mode) and
+// test_bitwise.py (results' bits and strides) fail on a new member, and check that
 // each entry is still needed.
 #include "adaptive_eager.h"
 

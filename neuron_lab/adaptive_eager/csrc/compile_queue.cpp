@@ -338,7 +338,7 @@ void register_compile_bindings(py::module& m) {
       trace::Event e;
       e.duration_ns = static_cast<int64_t>(seconds * 1e9);
       e.time_ns = trace::now_ns() - e.duration_ns;
-      e.kind = fn.is_none() ? "compile_failed" : "compile";
+      e.kind = fn.is_none() ? trace::EventKind::CompileFailed : trace::EventKind::Compile;
       e.what = "graph " + std::to_string(g->id) + " (" + std::to_string(g->n_ops) + " ops, from " + g->first_op + ")";
       e.detail = fn.is_none() ? "compile failed, replaying instead: " + error
                               : "compiled with TorchInductor in the background; recorded at " + g->source;

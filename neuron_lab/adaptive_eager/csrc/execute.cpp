@@ -281,7 +281,7 @@ void Launch::execute() {
       counters().compiled_fallbacks.fetch_add(1);
       trace::Event e;
       e.time_ns = start;
-      e.kind = "compiled_fallback";
+      e.kind = trace::EventKind::CompiledFallback;
       e.what = "graph " + std::to_string(graph->id);
       e.detail = "its compiled code failed; the launch was replayed op by op";
       e.device = device;

@@ -487,7 +487,7 @@ class GraphCache {
     std::shared_ptr<Graph> same_ops;
     if (auto it = by_ops_.find(g.ops_hash); it != by_ops_.end()) same_ops = it->second.lock();
     if (same_ops && same_ops->op_offsets.size() == g.op_offsets.size()) {
-      e.kind = "recompile";
+      e.kind = trace::EventKind::Recompile;
       for (size_t i = 0; i < g.op_offsets.size(); ++i) {
         if (op_words_hash(g, i) == op_words_hash(*same_ops, i)) continue;
         const std::string inputs = describe_op(g, i);
@@ -504,7 +504,7 @@ class GraphCache {
                  ", but the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
       return e;
     }
-    e.kind = "new_graph";
+    e.kind = trace::EventKind::NewGraph;
     std::shared_ptr<Graph> longest;
     size_t longest_prefix = 0;
     if (auto it = by_first_op_.find(g.key[0]); it != by_first_op_.end()) {

@@ -247,7 +247,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   Work work;
   const auto& first = l->records.front();
   if (trace::profiling()) {
-    l->record = trace::new_launch(l->graph ? "graph" : "op",
+    l->record = trace::new_launch(l->graph ? trace::LaunchKind::Graph : trace::LaunchKind::Op,
                                   l->graph ? "graph " + std::to_string(l->graph->id)
                                            : std::string(first.op.schema().operator_name().name),
                                   l->device, l->stream_id);

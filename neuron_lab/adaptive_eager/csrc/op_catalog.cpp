@@ -22,10 +22,9 @@ namespace {
 
 
 // The overload names of an operator, from TorchScript's operator registry, which torch keeps
-// indexed by name (every dispatcher op is added as it registers, custom ops too). It replaces
-// an index of our own that registered a listener with the dispatcher: the dispatcher told it
-// of every op registered so far at once, 3M instructions (~1 ms) on the first op a process
-// records (a first generate() call's set-up).
+// indexed by name (every dispatcher op is added as it registers, custom ops too): no index of
+// our own, and no listener for the dispatcher to tell of every op registered so far when the
+// first op of a process is recorded.
 std::vector<std::string> overloads_of(const c10::OperatorName& op) {
   std::vector<std::string> names;
   for (const auto& candidate : torch::jit::getAllOperatorsFor(c10::Symbol::fromQualString(op.name))) {

@@ -8,6 +8,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <variant>
+
 
 namespace py = pybind11;
 
@@ -64,29 +66,9 @@ void register_bindings(py::module& m) {
   m.def("counters", []() {
     auto& c = counters();
     py::dict d;
-    d["ops_recorded"] = c.ops_recorded.load();
-    d["launches"] = c.launches.load();
-    d["graph_launches"] = c.graph_launches.load();
-    d["graphs_built"] = c.graphs_built.load();
-    d["cache_hits"] = c.cache_hits.load();
-    d["compiles_requested"] = c.compiles_requested.load();
-    d["compiles_succeeded"] = c.compiles_succeeded.load();
-    d["compiles_failed"] = c.compiles_failed.load();
-    d["compile_seconds"] = static_cast<double>(c.compile_ns.load()) / 1e9;
-    d["compiled_launches"] = c.compiled_launches.load();
-    d["replay_launches"] = c.replay_launches.load();
-    d["compiled_fallbacks"] = c.compiled_fallbacks.load();
-    d["compiled_rejected"] = c.compiled_rejected.load();
-    d["compiled_stale"] = c.compiled_stale.load();
-    d["inline_ops"] = c.inline_ops.load();
-    d["dead_intermediate_bytes"] = c.dead_intermediate_bytes.load();
-    d["live_result_bytes"] = c.live_result_bytes.load();
-    d["graphs_evicted"] = c.graphs_evicted.load();
-    d["graph_joins"] = c.graph_joins.load();
-    d["tiled_runs"] = c.tiled_runs.load();
-    d["tiled_ops"] = c.tiled_ops.load();
-    d["ops_run_at_once"] = c.ops_run_at_once();
-    d["metas_computed"] = c.metas_computed.load();
+    for (const auto& [name, value] : c.read()) {
+      std::visit([&d, name = name](auto v) { d[name] = v; }, value);
+    }
     d["graphs_unrepeated"] = repeats().unrepeated();
     d["unrepeated_ops_small"] = repeats().ops_are_small();  // false while ops are recorded
     std::lock_guard<std::mutex> lock(c.mutex);

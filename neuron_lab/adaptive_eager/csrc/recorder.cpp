@@ -68,34 +68,6 @@ Policy& policy() {
   return *p;
 }
 
-Counters& counters() {
-  static auto* c = new Counters();
-  return *c;
-}
-
-void Counters::count_sync(Reason reason, std::string_view what) {
-  const std::string_view trigger = what.empty() ? std::string_view(reason_name(reason)) : what;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = syncs.find(trigger);  // a string is made only for a trigger's first wait
-  if (it == syncs.end()) it = syncs.emplace(std::string(trigger), 0).first;
-  it->second += 1;
-}
-
-void Counters::reset() {
-  for (auto* c : {&ops_recorded, &launches, &graph_launches, &graphs_built, &cache_hits, &compiles_requested,
-                  &compiles_succeeded, &compiles_failed, &compile_ns, &compiled_launches, &replay_launches,
-                  &compiled_fallbacks, &compiled_rejected, &compiled_stale, &inline_ops, &dead_intermediate_bytes,
-                  &live_result_bytes, &graphs_evicted, &graph_joins, &tiled_runs, &tiled_ops,
-                  &metas_computed}) {
-    c->store(0);
-  }
-  ops_run_at_once_at_reset.store(ops_run_at_once_total.load());
-  for (auto& c : flushes) c.store(0);
-  std::lock_guard<std::mutex> lock(mutex);
-  syncs.clear();
-  inline_by_op.clear();
-}
-
 // ---- do graphs repeat? ---------------------------------------------------------------------
 
 namespace {
@@ -234,7 +206,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
   repeats_to_probe_ = kRepeatsToProbe;
   trace::Event e;
   e.time_ns = trace::now_ns();
-  e.kind = "policy";
+  e.kind = trace::EventKind::Policy;
   e.what = unrepeated ? "ops run at once" : "ops recorded again";
   std::string repeated;
   switch (why) {
@@ -491,7 +463,7 @@ void note_successor(Buffer& b) {
 void note_join(const Record& first, int64_t n_ops, int64_t next_ops) {
   trace::Event e;
   e.time_ns = trace::now_ns();
-  e.kind = "policy";
+  e.kind = trace::EventKind::Policy;
   e.what = "graphs joined";
   e.detail = "the cached graph of " + std::to_string(n_ops) + " ops from " + first.op.schema().operator_name().name +
              " and the graph of " + std::to_string(next_ops) + " ops that followed it " + std::to_string(kJoinAfter) +
@@ -937,7 +909,7 @@ void prepare_inline(c10::ArrayRef<at::Tensor> tensors, Reason reason, std::strin
   if (!is_host_read(reason)) {
     trace::Event e;
     e.time_ns = trace::now_ns();
-    e.kind = "inline_op";
+    e.kind = trace::EventKind::InlineOp;
     e.reason = reason;
     e.what = trigger;
     e.detail = tl_inline_why_string != nullptr ? *tl_inline_why_string

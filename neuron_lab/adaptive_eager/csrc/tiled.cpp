@@ -20,12 +20,9 @@
 // (SingleThreadedKernels), so a call never splits itself. (Tiles do not run in
 // parallel: built with OpenMP, two threads running tiles at once gave results that
 // differed from eager mode's, the same two threads taking turns under a lock did not,
-// so the tile calls share some state; see the notes of issue 16. That may have been MKL
-// VML's first-call race, found later (registration._initialize_vector_math); not rechecked.
-// And ATen's parallel_for compiled into this extension, which builds without OpenMP, runs
-// inline without making ATen's kernels see a parallel region: at 2 threads every tile call
-// forked and joined OpenMP's team, 400 times a replay of the 1M chain, 25 ms a step
-// against 15 ms now.)
+// so the tile calls share some state; see the notes of issue 16.) ATen's parallel_for
+// compiled into this extension, which builds without OpenMP, runs inline without making
+// ATen's kernels see a parallel region, so a tile call never forks OpenMP's team.
 #include "adaptive_eager.h"
 
 #include <ATen/Parallel.h>

@@ -4,6 +4,8 @@
 // other backends can reuse them: matmuls and convolutions run in the autocast
 // dtype (bfloat16 or float16), reductions, norms and losses in float32, and
 // mixed-dtype ops promote to the widest input. Every other op falls through.
+#include "registrations.h"
+
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
@@ -21,9 +23,11 @@ Tensor binary_cross_entropy_banned(const Tensor&, const Tensor&, const std::opti
               "are safe to autocast, or run this op outside the autocast region.");
 }
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+}  // namespace
 
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+void register_autocast_policy(torch::Library& m) {
+  using namespace at;  // as above: the lists' macros name ops and policies unqualified
+  using at::autocast::CastPolicy;
 #define NEURON_LOWER_PRECISION(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define NEURON_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
 #define NEURON_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
@@ -53,5 +57,4 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #undef NEURON_PROMOTE
 }
 
-}  // namespace
 }  // namespace neuron

@@ -6,6 +6,7 @@
 //
 //   histc on integer tensors (Hugging Face's mixture-of-experts routing counts the
 //   tokens per expert with torch.histc on int32 expert ids off the CPU).
+#include "registrations.h"
 #include "device/csrc/runtime/runtime.h"
 
 #include <ATen/Operators.h>
@@ -44,7 +45,7 @@ at::Tensor& histc_out_as_on_cuda(const at::Tensor& self, int64_t bins, const at:
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_cuda_parity_kernels(torch::Library& m) {
   m.impl("histc", TORCH_FN(histc_as_on_cuda));
   m.impl("histc.out", TORCH_FN(histc_out_as_on_cuda));
 }

@@ -6,6 +6,7 @@
 // (in-place and out= ops) returns that argument; an output that views an
 // argument's memory becomes a neuron view of it. Only fresh results are copied
 // into device memory, so the allocator accounts for every byte.
+#include "registrations.h"
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
 
@@ -21,11 +22,6 @@
 #include <cstring>
 
 namespace neuron {
-
-OpCounters& op_counters() {
-  static OpCounters* counters = new OpCounters();
-  return *counters;
-}
 
 namespace {
 
@@ -467,24 +463,13 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 namespace {
 
 // Sparse, sparse-compressed and quantized neuron tensors do not exist: say so.
+}  // namespace
+
 void unsupported_layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().operator_name(),
                               ": sparse and quantized tensors are not supported on the neuron device; "
                               "only strided (dense) tensors are. Run this op on the CPU: move the "
                               "tensors there with .cpu().");
-}
-
-}  // namespace
-
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>()); }
-TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
-}
-TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
-}
-TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }
 
 }  // namespace neuron
@@ -495,8 +480,8 @@ namespace neuron {
 // a structured wrapper that makes the CPU out= kernel warn about resizing, or a
 // composite that picks another algorithm off the CPU (linalg_lstsq: gelsy on the CPU,
 // another driver elsewhere). The CPU kernel, through the fallback, keeps results
-// identical to the CPU's (the bitwise sweep, tests/test_bitwise.py, finds new ones).
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+// identical to the CPU's (the bitwise sweep, test_bitwise.py, finds new ones).
+void register_cpu_kernel_routes(torch::Library& m) {
   for (const char* name : {"mse_loss", "native_group_norm", "addr", "addr.out",
                            "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum",
                            "linalg_lstsq"}) {

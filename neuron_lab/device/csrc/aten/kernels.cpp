@@ -4,6 +4,7 @@
 // out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
 #include "device/csrc/runtime/runtime.h"
 #include "dense_layout.h"
+#include "registrations.h"
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/segment_memory.h"
 
@@ -426,8 +427,7 @@ int64_t sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Ten
                                  dropout_p, is_causal, scale, enable_gqa);
   }
   // The CPU's kernel decides on metadata alone (sizes, strides, dtypes, requires_grad; no
-  // data, no device check): it takes the neuron tensors as they are. Host aliases made for
-  // it cost a decoding step's two attention calls about 7 us each.
+  // data, no device check): it takes the neuron tensors as they are, with no host aliases.
   return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), query, key, value,
                                                  attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
@@ -466,7 +466,7 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &neuron::sdp_choice)
 
 namespace neuron {
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_native_kernels(torch::Library& m) {
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
@@ -496,11 +496,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&sync_then_change_metadata>());
   }
 }
-
-// Conjugate/negative views are resolved by the CPU copy kernel (the host alias
-// keeps the bits); without a fallthrough the conjugate fallback re-enters
-// _copy_from until the stack overflows.
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
-TORCH_LIBRARY_IMPL(aten, Negative, m) { m.impl("_copy_from", torch::CppFunction::makeFallthrough()); }
 
 }  // namespace neuron

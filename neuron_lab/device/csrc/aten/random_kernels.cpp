@@ -9,6 +9,7 @@
 //
 // Dropout's pointwise part is one fused op (neuron::dropout_apply, and neuron::masked_scale
 // in its backward) where it applies.
+#include "registrations.h"
 #include "device/csrc/runtime/runtime.h"
 #include "vector_clones.h"
 
@@ -51,7 +52,7 @@ bool dropout_fusable(const at::Tensor& input, std::initializer_list<const at::Te
 }
 
 // The loops, vectorized (O3; AVX-512 or AVX2 where the CPU has them, chosen at load time):
-// the extension's -O2 leaves loops of mixed types scalar, 5-10x slower than ATen's multiply.
+// the extension's -O2 leaves loops of mixed types scalar.
 #pragma GCC push_options
 #pragma GCC optimize("O3")
 
@@ -138,13 +139,11 @@ at::Tensor masked_scale_meta(const at::Tensor& input, const at::Tensor& mask, do
 //
 // Where ATen's CPU kernel does not use MKL (AMD CPUs), bernoulli_(p) draws one element at
 // a time: two mt19937 words make a 53-bit uniform u = (hi << 32 | lo) & (2^53 - 1), times
-// 2^-53, and the element is u < p; 7 ns an element here, a third of a GPT-2 training step
-// with dropout. The same words, generated a whole twist of the state at a time, and the
-// same comparison (u * 2^-53 < p is v < ceil(p * 2^53) on the integer v, exactly), give the
-// same elements and leave the generator in the same state: 2.3 ns an element compiled for
-// SSE2, 0.8 for AVX2, 0.65 for AVX-512 (an [8, 4, 64, 64] attention mask: 296, 104, 85 us). A
-// check at first use compares both on a test generator; where they differ (MKL's kernel on
-// Intel CPUs), ATen's runs.
+// 2^-53, and the element is u < p. The same words, generated a whole twist of the state at
+// a time, and the same comparison (u * 2^-53 < p is v < ceil(p * 2^53) on the integer v,
+// exactly), give the same elements and leave the generator in the same state. A check at
+// first use compares both on a test generator; where they differ (MKL's kernel on Intel
+// CPUs), ATen's runs.
 
 #pragma GCC push_options
 #pragma GCC optimize("O3")
@@ -308,16 +307,7 @@ at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor& mas
 
 }  // namespace
 
-TORCH_LIBRARY(neuron, m) {
-  m.def("dropout_apply(Tensor self, Tensor draws, float scale) -> (Tensor, Tensor)");
-  m.def("dropout_apply.out(Tensor self, Tensor draws, float scale, *, Tensor(a!) out, Tensor(b!) mask) -> "
-        "(Tensor(a!), Tensor(b!))");
-  m.def("masked_scale(Tensor self, Tensor mask, float scale) -> Tensor");
-  m.def("masked_scale.out(Tensor self, Tensor mask, float scale, *, Tensor(a!) out) -> Tensor(a!)");
-  m.def("bernoulli_(Tensor(a!) self, float p, *, Generator? generator=None) -> Tensor(a!)");
-}
-
-TORCH_LIBRARY_IMPL(neuron, CPU, m) {
+void register_neuron_ops_cpu_kernels(torch::Library& m) {
   m.impl("dropout_apply", TORCH_FN(dropout_apply));
   m.impl("dropout_apply.out", TORCH_FN(dropout_apply_out));
   m.impl("masked_scale", TORCH_FN(masked_scale));
@@ -325,13 +315,13 @@ TORCH_LIBRARY_IMPL(neuron, CPU, m) {
   m.impl("bernoulli_", TORCH_FN(bulk_bernoulli_));
 }
 
-TORCH_LIBRARY_IMPL(neuron, Meta, m) {
+void register_neuron_ops_meta_kernels(torch::Library& m) {
   m.impl("dropout_apply", TORCH_FN(dropout_apply_meta));
   m.impl("masked_scale", TORCH_FN(masked_scale_meta));
   m.impl("bernoulli_", TORCH_FN(bernoulli_meta_));
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_random_kernels(torch::Library& m) {
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("native_dropout_backward", TORCH_FN(native_dropout_backward));
   m.impl("bernoulli_.float", TORCH_FN(bernoulli_));

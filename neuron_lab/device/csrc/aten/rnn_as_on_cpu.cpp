@@ -12,6 +12,7 @@
 // autograd key, and take the CPU's path with the same ATen ops in the same order, each
 // dispatched to the device (its CPU kernel, its autograd formula), so that results,
 // gradients and training steps are the CPU's bits. Argument checks say what ATen's do.
+#include "registrations.h"
 #include "device/csrc/runtime/runtime.h"
 
 #include <ATen/Functions.h>
@@ -524,9 +525,6 @@ void register_all(torch::Library& m) {
 
 }  // namespace
 
-// At the autograd key the ops' parts record their own autograd (as a composite op's do);
-// at the device key, for calls below autograd (inference mode).
-TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { register_all(m); }
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { register_all(m); }
+void register_rnn_as_on_cpu(torch::Library& m) { register_all(m); }
 
 }  // namespace neuron

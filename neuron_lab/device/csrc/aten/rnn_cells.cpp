@@ -3,6 +3,7 @@
 // (rnn_as_on_cpu.cpp), and these serve direct calls: composed from CPU ops on device
 // memory, one launch per cell step, with the same workspace layout as CUDA's so
 // autograd's formulas apply unchanged.
+#include "registrations.h"
 #include "device/csrc/runtime/runtime.h"
 
 #include <ATen/TensorOperators.h>
@@ -114,7 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> gru_cell_
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_fused_rnn_cells(torch::Library& m) {
   m.impl("_thnn_fused_lstm_cell", TORCH_FN(lstm_cell));
   m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(lstm_cell_backward));
   m.impl("_thnn_fused_gru_cell", TORCH_FN(gru_cell));

@@ -16,6 +16,7 @@
 // same results either way, since both run the same CPU kernel on the same memory. Where the
 // table of fast host kernels (host_kernel_table.h) holds one for the op that takes the call,
 // it runs in place of the CPU kernel, with the CPU kernel's bits.
+#include "registrations.h"
 #include "host_kernel_table.h"
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
@@ -661,7 +662,7 @@ NEURON_STRUCTURED(any_dim, any)
 // The ops a transformer's forward pass and a decoding loop run most, on the path they
 // take to the device (a structured op's functional form allocates its result and calls
 // its out= form here).
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_unboxed_ops(torch::Library& m) {
   namespace ops = at::_ops;
   register_all<ops::add_out, ops::sub_out, ops::mul_out, ops::div_out, ops::div_out_mode,  // arithmetic
                ops::pow_Tensor_Scalar_out, ops::pow_Tensor_Tensor_out, ops::neg_out, ops::exp_out, ops::rsqrt_out,

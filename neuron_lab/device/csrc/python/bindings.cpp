@@ -250,21 +250,8 @@ PYBIND11_MODULE(_C, m) {
       "(ops that run their CPU kernel in place of their CompositeImplicitAutograd decomposition, "
       "{op: why it keeps its decomposition}).");
   m.def("counters", []() {
-    auto& c = neuron::op_counters();
     py::dict d;
-    const uint64_t at_once_host_kernels = c.at_once_host_kernel_ops.load();
-    d["fallback_ops"] = c.fallback_ops.load() + at_once_host_kernels;
-    d["unboxed_ops"] = c.unboxed_ops.load() + at_once_host_kernels;
-    d["output_copies"] = c.output_copies.load();
-    d["host_to_device_bytes"] = c.host_to_device_bytes.load();
-    d["device_to_host_bytes"] = c.device_to_host_bytes.load();
-    d["device_to_device_bytes"] = c.device_to_device_bytes.load();
-    d["bulk_bernoulli_elements"] = c.bulk_bernoulli_elements.load();
-    d["host_kernel_ops"] = c.host_kernel_ops.load() + at_once_host_kernels;
-    d["aliases_recycled"] = c.aliases_recycled.load();
-    d["launches_run_by_waiting_host"] = c.launches_run_by_waiting_host.load();
-    d["device_thread_wakeups"] = c.device_thread_wakeups.load();
-    d["launches_dropped_by_host"] = c.launches_dropped_by_host.load();
+    for (const auto& [name, value] : neuron::op_counters().read()) d[name] = value;
     return d;
-  });
+  }, "The device's op and transfer counters (runtime/op_counters.h).");
 }

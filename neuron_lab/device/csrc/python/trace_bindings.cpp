@@ -6,10 +6,46 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/DynamicTypes.h>
 
+#include <cctype>
+#include <string>
+#include <vector>
+
 namespace py = pybind11;
 
 namespace neuron {
 namespace {
+
+// Python's LaunchKind and EventKind: str enums (enum.StrEnum) made here from the C++ kinds'
+// names, so that the two sides list the same kinds. A member equals its word (LaunchKind.GRAPH
+// == "graph"), so code that compares kinds with their words reads typed values unchanged.
+struct KindEnums {
+  py::object launch_kind, event_kind;
+  std::vector<py::object> launch_members, event_members;  // indexed by the C++ kind
+};
+KindEnums* g_kinds = nullptr;  // made once by register_trace_bindings, never freed (outlives Python)
+
+template <class Kind>
+py::object str_enum(const char* name, int count, const char* (*word)(Kind), std::vector<py::object>& members) {
+  py::list items;
+  for (int k = 0; k < count; ++k) {
+    std::string member = word(static_cast<Kind>(k));
+    for (auto& c : member) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    items.append(py::make_tuple(member, word(static_cast<Kind>(k))));
+  }
+  py::object cls = py::module_::import("enum").attr("StrEnum")(name, items, py::arg("module") = "neuron_lab.device.trace",
+                                                                py::arg("qualname") = name);
+  for (int k = 0; k < count; ++k) members.push_back(cls(word(static_cast<Kind>(k))));
+  return cls;
+}
+
+// The C++ kind of a Python EventKind or its word; raises ValueError naming the kinds otherwise.
+trace::EventKind event_kind_of(const py::object& kind) {
+  const std::string word = py::str(g_kinds->event_kind(kind));
+  for (int k = 0; k < trace::kEventKinds; ++k) {
+    if (word == trace::event_kind_name(static_cast<trace::EventKind>(k))) return static_cast<trace::EventKind>(k);
+  }
+  throw py::value_error("neuron: unknown event kind " + word);
+}
 
 py::object source_tuple(trace::Source s) {
   if (s.file < 0) return py::none();
@@ -44,7 +80,7 @@ py::list op_values(const std::vector<trace::OpValue>& values) {
 py::dict launch_dict(const trace::LaunchRecord& r) {
   py::dict d;
   d["id"] = r.id;
-  d["kind"] = r.kind;
+  d["kind"] = g_kinds->launch_members[static_cast<size_t>(r.kind)];
   d["name"] = r.name;
   d["device"] = r.device;
   d["stream"] = r.stream;
@@ -134,7 +170,7 @@ py::dict event_dict(const trace::Event& e) {
   py::dict d;
   d["time_ns"] = e.time_ns;
   d["duration_ns"] = e.duration_ns;
-  d["kind"] = e.kind;
+  d["kind"] = g_kinds->event_members[static_cast<size_t>(e.kind)];
   d["reason"] = e.reason;
   d["what"] = e.what;
   d["detail"] = e.detail;
@@ -148,6 +184,13 @@ py::dict event_dict(const trace::Event& e) {
 }  // namespace
 
 void register_trace_bindings(py::module& m) {
+  g_kinds = new KindEnums();
+  g_kinds->launch_kind = str_enum<trace::LaunchKind>("LaunchKind", trace::kLaunchKinds, &trace::launch_kind_name,
+                                                     g_kinds->launch_members);
+  g_kinds->event_kind = str_enum<trace::EventKind>("EventKind", trace::kEventKinds, &trace::event_kind_name,
+                                                   g_kinds->event_members);
+  m.attr("LaunchKind") = g_kinds->launch_kind;
+  m.attr("EventKind") = g_kinds->event_kind;
   // Why the host waited or a buffer was launched; str(reason) is its words ("copy to host").
   py::enum_<Reason> reason(m, "Reason", "Why the host waits for the device or the runtime launches its buffer.");
   reason.value("NONE", Reason::None);
@@ -231,12 +274,12 @@ void register_trace_bindings(py::module& m) {
       py::arg("since_ns"), "Logged events (syncs, new graphs, inline ops, compiles) since a time.");
   m.def(
       "log_event",
-      [](std::string kind, std::string what, std::string detail, int64_t duration_ns, int64_t graph_id,
+      [](const py::object& kind, std::string what, std::string detail, int64_t duration_ns, int64_t graph_id,
          int device, Reason reason) {
         trace::Event e;
+        e.kind = event_kind_of(kind);
         e.duration_ns = duration_ns;
         e.time_ns = trace::now_ns() - duration_ns;
-        e.kind = std::move(kind);
         e.reason = reason;
         e.what = std::move(what);
         e.detail = std::move(detail);
@@ -293,11 +336,10 @@ void register_trace_bindings(py::module& m) {
   }, "The last few ops that failed in a launch: their message context, op, line and the ops not run after them.");
   m.def("launch_times", []() {
     py::dict d;
-    const char* names[] = {"graph", "op", "inline"};
-    for (int k = 0; k < trace::kLaunchKinds; ++k) {
+    for (int k = 0; k < trace::kTimedLaunchKinds; ++k) {
       uint64_t total = 0;
       auto times = trace::launch_times(static_cast<trace::LaunchKind>(k), &total);
-      d[names[k]] = py::make_tuple(total, times);
+      d[g_kinds->launch_members[static_cast<size_t>(k)]] = py::make_tuple(total, times);
     }
     return d;
   }, "Per launch kind: (launches so far, the last <= 8192 execution times in ns).");

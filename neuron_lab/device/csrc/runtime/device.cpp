@@ -130,7 +130,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     Work marker;
     marker.skippable = false;
     marker.busy = false;
-    marker.record = trace::new_launch("event", "event record", stream.device_index(), stream.id());
+    marker.record = trace::new_launch(trace::LaunchKind::Event, "event record", stream.device_index(), stream.id());
     marker.run = [mark] {
       mark->time_ns = trace::now_ns();
       mark->reached.store(true, std::memory_order_release);
@@ -151,7 +151,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     Work wait;
     wait.skippable = false;
     wait.busy = false;
-    wait.record = trace::new_launch("wait", "stream wait", stream.device_index(), stream.id());
+    wait.record = trace::new_launch(trace::LaunchKind::Wait, "stream wait", stream.device_index(), stream.id());
     StreamState* source = ev->stream;
     const uint64_t seq = ev->seq;
     wait.run = [source, seq] { wait_for(*source, seq); };

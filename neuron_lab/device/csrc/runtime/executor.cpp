@@ -211,10 +211,9 @@ Work pop_front(StreamState* s, bool* skip) {
 // Each thread that runs a parallel region (ATen's kernels) gets OpenMP worker threads of its
 // own. Once a device thread has workers, libgomp manages more threads than there are cores
 // and stops letting idle workers spin: every parallel region the host's thread runs after
-// that (ops run at once, CPU work) wakes its workers with a system call (generate() at
-// torch's default thread count: ~3200 context switches for 400 tokens). A device thread
+// that (ops run at once, CPU work) wakes its workers with a system call. A device thread
 // idle for kReleaseWorkersAfter gives its workers back (omp_pause_resource_all, per calling
-// thread); the next parallel region it runs starts them again (~0.1 ms).
+// thread); the next parallel region it runs starts them again.
 constexpr auto kReleaseWorkersAfter = std::chrono::milliseconds(5);
 constexpr auto kReleaseHostWorkersAfter = std::chrono::milliseconds(1);  // a host blocked in a wait (wait_for)
 
@@ -648,7 +647,7 @@ LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced)
   if (!synced) synchronize_device(device, Reason::InlineOp, name);
   stream_ = &stream_state(current_stream(device));
   stream_->ran_inline.fetch_add(1, std::memory_order_relaxed);
-  record_ = trace::new_launch("inline", name, device, stream_->id);
+  record_ = trace::new_launch(trace::LaunchKind::Inline, name, device, stream_->id);
   if (record_) record_->source = trace::capture();
   start_ns_ = trace::now_ns();
   if (record_) record_->start_ns.store(start_ns_);

@@ -1,29 +1,16 @@
-// The emulated NeuronCore runtime: shared declarations for the `neuron` device.
+// The emulated NeuronCore runtime: the declarations the device's files share.
 //
-// One concern per file:
-//   device.cpp     configuration, current device, streams, events, device guard
-//   allocator.cpp  caching allocator with per-core capacity, statistics and OOM
-//   segment_memory.cpp  the allocator's segments: pages of one memory file per core, which
-//                  other processes can map (segment_memory.h)
-//   ipc.cpp        neuron storages shared with other processes (torch.multiprocessing)
-//   generator.cpp  per-core random number generators
-//   hooks.cpp      PrivateUse1 hooks (what torch.accelerator asks the backend)
-//   kernels.cpp    the few aten kernels that must be native (empty, copy, views, resize)
-//   cuda_parity.cpp  ops CUDA runs for more dtypes than the CPU kernels (integer histc)
-//   random_kernels.cpp  random ops that draw from the core's generator (native_dropout), and
-//                  dropout's fused pointwise ops (neuron::dropout_apply, neuron::masked_scale)
-//   fallback.cpp   every other aten op: run the CPU kernel on the same host memory
-//   composite_routes.cpp  ops that run their CPU kernel, not their composite decomposition
-//   uninitialized_fill.cpp  deterministic mode's NaN / max fill of new memory, as on the CPU
-//   rnn_as_on_cpu.cpp  nn.LSTM / GRU / RNN and their cells take the CPU's path (oneDNN or plain ops)
-//   host_kernel_table.cpp  the table of fast host kernels a package above registers, read
-//                  by every path that runs an op on the host (host_kernel_table.h)
-//   unboxed_ops.cpp  the hottest ops without the boxed fallback's stack
-//   interceptor.cpp  the one interface a runtime that records ops plugs into (interceptor.h)
-//   trace.cpp      launch records, memory samples and the event log (trace.h)
-//   source.cpp     the user's source line of an op, a launch or a wait (trace.h)
-//   bindings.cpp   the Python module `neuron_lab.device._C` (layers above add submodules:
-//                  python_submodules.h)
+// The device's native code lives in rooms, one per layer. A room includes its own headers
+// and those of the rooms below it, nothing above (test_layers.py checks):
+//   runtime/  the device: configuration and guard, streams and events (executor), memory
+//             (allocator, segments), generators, hooks, pending storages, and the
+//             interceptor a runtime that records ops plugs into
+//   tracing/  what the device did: launch records, the event log, reasons, source lines,
+//             torch.profiler's view; runtime/ and tracing/ include each other's headers
+//   aten/     the ATen glue: kernels, the CPU-kernel fallback, the fast-kernel table;
+//             aten/registrations.cpp lists everything registered with the dispatcher
+//   python/   the module neuron_lab.device._C and its submodules
+// Each section below names the file that defines it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,6 +22,7 @@
 #include <c10/util/SmallVector.h>
 
 #include "device/csrc/tracing/trace.h"
+#include "op_counters.h"
 
 #include <atomic>
 #include <functional>
@@ -129,7 +117,7 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle = false);
 // Starts the device thread of a core's default stream now, not at its first launch: called
 // at the device's first use, so that the thread's start and per-thread set-up (ATen's
 // OpenMP and MKL counts, the fresh thread state hosts borrow) overlap the host's work
-// instead of delaying the first launch (~0.6 ms of generate()'s first call).
+// instead of delaying the first launch.
 void start_device_thread(c10::DeviceIndex device);
 // While alive on a host thread that is about to wait for what it enqueues (a host read,
 // a synchronize), launches enqueued on one stream do not wake that stream's device
@@ -166,9 +154,8 @@ bool on_device_thread();
 // dropping it drops the tensors it held, and where C++ held the last reference but one to
 // a tensor Python holds, that releases its Python object, which takes the GIL (the host's
 // Python holds it while it runs); and the host allocated its records, whose frees would
-// take the host's malloc arena lock. A device thread that waited for either stalled
-// itself and the host: ~30 thread hand-offs and +1 ms per recorded decode token of
-// generate(). The device thread leaves the launch here; the next host thread that starts
+// take the host's malloc arena lock: a device thread must never wait for either. The
+// device thread leaves the launch here; the next host thread that starts
 // an op or finishes a wait drops it (release_finished_work), so memory statistics read
 // after a wait count its frees.
 void release_finished_work();
@@ -374,26 +361,7 @@ class HostResults {
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 2> adopted_;
 };
 
-// Counters the observability layer reads (fallback.cpp, random_kernels.cpp, host_kernel_table.cpp).
-struct OpCounters {
-  std::atomic<uint64_t> fallback_ops{0};     // ops run through the CPU-kernel fallback
-  std::atomic<uint64_t> unboxed_ops{0};      // of those, run by the unboxed path (unboxed_ops.cpp)
-  std::atomic<uint64_t> output_copies{0};    // fresh CPU results copied into device memory
-  std::atomic<uint64_t> host_to_device_bytes{0};
-  std::atomic<uint64_t> device_to_host_bytes{0};
-  std::atomic<uint64_t> device_to_device_bytes{0};
-  std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (random_kernels.cpp)
-  std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a fast host kernel from the table (boxed)
-  std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
-  std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
-  std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
-  std::atomic<uint64_t> launches_dropped_by_host{0};  // launches a device thread ran, dropped by a host (release_finished_work)
-  // Fast host kernels run at once (the unboxed path): each is also a fallback, an unboxed and a
-  // host-kernel op, counted once here (one atomic add an op, not three) and added to those
-  // three when the counters are read.
-  std::atomic<uint64_t> at_once_host_kernel_ops{0};
-};
-OpCounters& op_counters();
+// The device's op and transfer counters: op_counters.h.
 
 }  // namespace neuron
 

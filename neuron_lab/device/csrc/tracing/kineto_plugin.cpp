@@ -146,7 +146,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
   // (tools such as Holistic Trace Analysis read gaps between them as the stream's idle time).
   static constexpr int64_t kInlineLaneBase = int64_t{1} << 30;
   static int64_t lane_of(const trace::LaunchRecord& l) {
-    return l.kind == "inline" ? kInlineLaneBase + l.stream : l.stream;
+    return l.kind == trace::LaunchKind::Inline ? kInlineLaneBase + l.stream : l.stream;
   }
 
   // A process per core and a thread per stream (and per stream's inline kernels), named as
@@ -180,9 +180,9 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
       a.addMetadata("device", l.device);
       // An inline kernel is no stream's work (see lane_of): no "stream", which tools read as
       // the stream it ran in order on, but the stream it ran for.
-      a.addMetadata(l.kind == "inline" ? "inline for stream" : "stream", l.stream);
+      a.addMetadata(l.kind == trace::LaunchKind::Inline ? "inline for stream" : "stream", l.stream);
     }
-    a.addMetadataQuoted("launch", l.kind);
+    a.addMetadataQuoted("launch", trace::launch_kind_name(l.kind));
     if (l.graph_id >= 0) a.addMetadata("graph", l.graph_id);
     const char* tier = trace::tier_name(l.tier.load());
     if (*tier != '\0') a.addMetadataQuoted("tier", tier);
@@ -238,7 +238,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
   void add_launch(const trace::LaunchRecord& l, const trace::ProfileNotes& notes,
                   const libkineto::getLinkedActivityCallback& linked) {
     const int64_t start = l.start_ns.load(), end = l.end_ns.load();
-    if (start == 0 || l.kind == "event") return;  // never ran, or a marker with no duration
+    if (start == 0 || l.kind == trace::LaunchKind::Event) return;  // never ran, or a marker with no duration
     const int64_t duration = std::max<int64_t>(end - start, 0);
     const auto costs_it = notes.op_costs.find(l.id);
     const std::vector<trace::OpCost>* costs = costs_it == notes.op_costs.end() ? nullptr : &costs_it->second;
@@ -248,7 +248,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
     // The enqueue on the host (an inline kernel runs on the host thread itself: none).
     GenericTraceActivity* launch_on_host = nullptr;
     const int32_t launch_id = g_next_id.fetch_add(1);
-    if (l.kind != "inline") {
+    if (l.kind != trace::LaunchKind::Inline) {
       launch_on_host = &host_activity("neuron launch: " + l.name, l.host_tid, l.enqueue_ns, 1000, l.correlation,
                                       linked, launch_id);
       launch_on_host->addMetadata("launch id", l.id);
@@ -256,7 +256,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
 
     const bool per_op = !l.ops.empty() && (l.tier.load() != trace::LaunchTier::Compiled) &&
                         std::all_of(l.ops.begin(), l.ops.end(), [](const auto& o) { return o.device_ns >= 0; });
-    if (l.kind == "graph" && per_op) {
+    if (l.kind == trace::LaunchKind::Graph && per_op) {
       // The graph's span, and a kernel per op laid end to end in the order they ran.
       auto& span = device_activity(ActivityType::GPU_USER_ANNOTATION, "graph " + std::to_string(l.graph_id) + " (" +
                                        std::to_string(l.n_ops) + " ops)", l, start, duration, launch_id);
@@ -271,7 +271,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
       }
       return;
     }
-    if (l.kind == "wait") {
+    if (l.kind == trace::LaunchKind::Wait) {
       auto& wait = device_activity(ActivityType::GPU_USER_ANNOTATION, "stream wait", l, start, duration, launch_id);
       describe_launch(wait, l, notes, /*kernel=*/false);
       if (launch_on_host != nullptr) flow(*launch_on_host, wait, static_cast<uint32_t>(launch_id));
@@ -285,7 +285,7 @@ class DeviceSession final : public libkineto::IActivityProfilerSession {
       return;
     }
     // A compiled graph (its ops ran fused) or an inline kernel: one kernel.
-    const std::string name = l.kind == "graph" ? "neuron::graph_" + std::to_string(l.graph_id) + " (compiled, " +
+    const std::string name = l.kind == trace::LaunchKind::Graph ? "neuron::graph_" + std::to_string(l.graph_id) + " (compiled, " +
                                                      std::to_string(l.n_ops) + " ops)"
                                                : "neuron::" + short_name(l.name);
     auto& k = device_activity(ActivityType::CONCURRENT_KERNEL, name, l, start, duration, launch_id);

@@ -73,7 +73,7 @@ struct DurationRing {
   std::array<std::atomic<int64_t>, kRing> values{};
   std::atomic<uint64_t> count{0};
 };
-std::array<DurationRing, kLaunchKinds> g_launch_times;
+std::array<DurationRing, kTimedLaunchKinds> g_launch_times;
 
 }  // namespace
 
@@ -188,13 +188,43 @@ std::vector<AsyncFailure> async_failures() {
   return {failures().begin(), failures().end()};
 }
 
+const char* launch_kind_name(LaunchKind kind) {
+  switch (kind) {
+    case LaunchKind::Graph: return "graph";
+    case LaunchKind::Op: return "op";
+    case LaunchKind::Inline: return "inline";
+    case LaunchKind::Event: return "event";
+    case LaunchKind::Wait: return "wait";
+  }
+  return "unknown";
+}
+
+const char* event_kind_name(EventKind kind) {
+  switch (kind) {
+    case EventKind::Sync: return "sync";
+    case EventKind::NewGraph: return "new_graph";
+    case EventKind::Recompile: return "recompile";
+    case EventKind::InlineOp: return "inline_op";
+    case EventKind::Compile: return "compile";
+    case EventKind::CompileFailed: return "compile_failed";
+    case EventKind::CompiledFallback: return "compiled_fallback";
+    case EventKind::Policy: return "policy";
+  }
+  return "unknown";
+}
+
 void note_launch_time(LaunchKind kind, int64_t ns) {
+  if (static_cast<int>(kind) >= kTimedLaunchKinds) return;
   auto& ring = g_launch_times[static_cast<int>(kind)];
   const uint64_t i = ring.count.fetch_add(1, std::memory_order_relaxed);
   ring.values[i % kRing].store(ns, std::memory_order_relaxed);
 }
 
 std::vector<int64_t> launch_times(LaunchKind kind, uint64_t* total) {
+  if (static_cast<int>(kind) >= kTimedLaunchKinds) {
+    if (total != nullptr) *total = 0;
+    return {};
+  }
   auto& ring = g_launch_times[static_cast<int>(kind)];
   const uint64_t n = ring.count.load();
   if (total != nullptr) *total = n;
@@ -250,7 +280,7 @@ SyncScope::~SyncScope() {
   Event e;
   e.time_ns = start_;
   e.duration_ns = now_ns() - start_;
-  e.kind = "sync";
+  e.kind = EventKind::Sync;
   e.reason = reason_;
   e.what = std::move(what_);
   e.source = source_;
@@ -285,7 +315,7 @@ const char* status_name(LaunchStatus status) {
 
 bool profiling() noexcept { return g_active_profiles.load(std::memory_order_relaxed) > 0; }
 
-LaunchRecordPtr new_launch(const char* kind, std::string_view name, int device, int64_t stream) {
+LaunchRecordPtr new_launch(LaunchKind kind, std::string_view name, int device, int64_t stream) {
   if (!profiling()) return nullptr;
   auto r = std::make_shared<LaunchRecord>();
   r->id = g_next_launch_id.fetch_add(1);

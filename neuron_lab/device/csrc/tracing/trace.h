@@ -83,11 +83,18 @@ void exit_profiler_waits();
 void add_device_busy(int device, int64_t ns);
 void add_record_time(int64_t ns);  // host time spent recording ops (tracing)
 void add_wait_time(int64_t ns);    // host time blocked waiting for the device
-// Execution time of recent launches, for the metrics report's distributions.
-enum class LaunchKind : int { Graph = 0, Op = 1, Inline = 2 };
-constexpr int kLaunchKinds = 3;
+// What a launch is: a fused graph, one op, a block run inline on the host's thread, an
+// event's marker, a stream's wait for an event. Python sees each as a member of the str
+// enum neuron_lab.device.trace.LaunchKind, whose value is launch_kind_name(kind).
+enum class LaunchKind : uint8_t { Graph = 0, Op = 1, Inline = 2, Event = 3, Wait = 4 };
+constexpr int kLaunchKinds = 5;
+// "graph", "op", "inline", "event", "wait".
+const char* launch_kind_name(LaunchKind kind);
+// Execution time of recent launches of the first three kinds (those that run work), for
+// the metrics report's distributions; markers and waits are not timed.
+constexpr int kTimedLaunchKinds = 3;
 void note_launch_time(LaunchKind kind, int64_t ns);
-// Up to the last 8192 durations of each kind (ns), and how many launches of it ran.
+// Up to the last 8192 durations of a timed kind (ns), and how many launches of it ran.
 std::vector<int64_t> launch_times(LaunchKind kind, uint64_t* total = nullptr);
 void reset_launch_times();
 struct Totals {
@@ -123,10 +130,22 @@ void busy_end();
 int64_t busy_union_ns();
 
 // ---- the event log (bounded; always on) ------------------------------------------
+// What an event is: a host wait, a graph built or built again, an op run inline, a
+// compile that succeeded or failed, a compiled graph that fell back to replay, a change
+// of the flush policy. Python sees each as a member of the str enum
+// neuron_lab.device.trace.EventKind, whose value is event_kind_name(kind).
+enum class EventKind : uint8_t {
+  Sync = 0, NewGraph = 1, Recompile = 2, InlineOp = 3, Compile = 4, CompileFailed = 5, CompiledFallback = 6,
+  Policy = 7,
+};
+constexpr int kEventKinds = 8;
+// "sync", "new_graph", "recompile", "inline_op", "compile", "compile_failed",
+// "compiled_fallback", "policy".
+const char* event_kind_name(EventKind kind);
 struct Event {
   int64_t time_ns = 0;      // when it began
   int64_t duration_ns = 0;  // host time it took (waits, compiles)
-  std::string kind;         // sync, new_graph, recompile, inline_op, compile, compile_failed, compiled_fallback
+  EventKind kind = EventKind::Sync;
   Reason reason = Reason::None;  // sync and inline_op: why the host waited
   std::string what;         // the trigger's op or kernel, else the reason's name; the graph
   std::string detail;       // the cause, in words
@@ -201,7 +220,7 @@ struct OpRecord {
 };
 struct LaunchRecord {
   int64_t id = 0;
-  std::string kind;  // graph, op, inline, event, wait
+  LaunchKind kind = LaunchKind::Op;
   std::string name;
   int device = 0;
   int64_t stream = 0;
@@ -221,7 +240,7 @@ using LaunchRecordPtr = std::shared_ptr<LaunchRecord>;
 
 bool profiling() noexcept;
 // A new launch record (kept until the profiler stops), or nullptr when not profiling.
-LaunchRecordPtr new_launch(const char* kind, std::string_view name, int device, int64_t stream);
+LaunchRecordPtr new_launch(LaunchKind kind, std::string_view name, int device, int64_t stream);
 
 struct MemorySample {
   int64_t time_ns;
