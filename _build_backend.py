@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # The CPython minor versions whose frame layout source.cpp knows; pyproject.toml's
-# requires-python says the same (tests/test_device.py checks that they agree).
+# requires-python says the same (tests/device/test_device.py checks that they agree).
 SUPPORTED_PYTHONS = ((3, 11), (3, 12), (3, 13))
 TORCH_RANGE = "torch>=2.13,<2.15"  # as in [project.dependencies]
 SETUPTOOLS_REQUIRES = ["setuptools>=64", "wheel", "ninja"]

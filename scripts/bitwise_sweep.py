@@ -4,7 +4,7 @@ Runs ``tests/bitwise_support.py``'s check (forward results and input gradients o
 random cotangent, bit for bit, NaN matching NaN) for every OpInfo of ``op_db`` that
 supports float32 on the CPU, every sample, in each execution mode, and prints the ops that
 do not pass, then a summary of pass counts per mode. CI runs a deterministic sample of the
-ops (``tests/test_bitwise.py``). Exits with status 1 if any op fails in any mode.
+ops (``tests/ops/test_bitwise.py``). Exits with status 1 if any op fails in any mode.
 
 Usage (from the repository root)::
 

@@ -1,6 +1,6 @@
 """Executes a notebook and saves it with outputs that do not depend on the machine: durations
 become "…", temporary cell files "<cell>", addresses "0x…" (the README's notebooks are read on
-GitHub; tests/test_quickstart.py checks the quickstart). Run with the project's Python:
+GitHub; tests/notebook/test_quickstart.py checks the quickstart). Run with the project's Python:
 
     python scripts/save_notebook_outputs.py notebooks/1_quickstart.ipynb
 """

@@ -3,7 +3,7 @@
 Random add, sub, mul, where, & and | calls of small dense operands whose size-1 dims carry
 other strides (tests/elementwise_layouts.py makes and checks them): in each mode the
 dtype, shape, strides and bits must equal the CPU's. CI runs 150 calls a mode
-(tests/test_host_kernels.py); this runs as many as asked, prints the first problems and
+(tests/fastpath/test_host_kernels.py); this runs as many as asked, prints the first problems and
 exits 1 if there is any.
 
 Usage (from the repository root)::

@@ -1,5 +1,5 @@
 """Random elementwise calls whose operands are dense with other strides on their size-1
-dims, and their check against the CPU: shared by tests/test_host_kernels.py (CI-sized) and
+dims, and their check against the CPU: shared by tests/fastpath/test_host_kernels.py (CI-sized) and
 scripts/sweep_elementwise_layouts.py (thousands of calls)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The other side of tests/test_multiprocessing.py: functions that run in other processes.
+"""The other side of tests/device/test_multiprocessing.py: functions that run in other processes.
 
 A peer process (started with the "spawn" method) serves requests from a queue: each names
 a function of this module and its arguments, which may hold neuron tensors that arrive

@@ -1,4 +1,4 @@
-"""Workloads several threads run at once (tests/test_threads.py, tests/test_thread_stress.py)."""
+"""Workloads several threads run at once (tests/device/test_threads.py, tests/device/test_thread_stress.py)."""
 
 from __future__ import annotations
 

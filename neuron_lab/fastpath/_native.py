@@ -2,7 +2,7 @@
 
 The kernels (``neuron_lab/fastpath/csrc``) are compiled into the same shared library as the
 device, ``neuron_lab.device._C``, and bound there as ``_C.fast_path``. This module is its one
-owner on the Python side; the rest of the package calls ``native.*`` (``tests/test_layers.py``
+owner on the Python side; the rest of the package calls ``native.*`` (``tests/package/test_layers.py``
 checks it).
 """
 

@@ -1,7 +1,7 @@
 """DDP and ZeroRedundancyOptimizer on neuron: every case trains a tiny model on 2 ranks
 with different data per rank, and a single-process CPU reference of the same model on
 the concatenated batch. Each rank reports, per case, its losses and final parameters and
-gradients next to the reference's; ``tests/test_distributed_ddp_pipeline.py`` compares.
+gradients next to the reference's; ``tests/distributed/test_distributed_ddp_pipeline.py`` compares.
 
 One launch covers every case (each launch costs seconds of process start). A case that
 raises is reported with its error, so that the others still run and report. No

@@ -2,7 +2,7 @@
 rank, trained a few steps with a pipeline schedule over several microbatches, next to
 the whole model on one process (CPU). Each rank reports, per case, the per-microbatch
 losses (last stage) and its stage's parameters and gradients, named as in the whole
-model, beside the reference's; ``tests/test_distributed_ddp_pipeline.py`` compares.
+model, beside the reference's; ``tests/distributed/test_distributed_ddp_pipeline.py`` compares.
 
 Cases (``PIPELINE_CASES``, comma separated; all by default): ``gpipe`` and ``1f1b``
 on stages split by hand (``PipelineStage``, shapes inferred at the first step through

@@ -1,5 +1,5 @@
 """Source lines as the device captures them, in the frame situations each CPython lays out
-differently; run by each supported interpreter (tests/test_source_lines.py).
+differently; run by each supported interpreter (tests/device/test_source_lines.py).
 
 Each case returns (captured, expected): captured is source_probe.capture()'s
 (file, line, function), expected the same read from Python's own frames. Prints JSON.

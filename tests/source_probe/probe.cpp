@@ -1,6 +1,6 @@
 // A minimal extension around the device's source-line capture (device/csrc/source.cpp)
 // alone, so its frame layouts can be checked on every supported CPython without building
-// the whole device against a torch for each (tests/test_source_lines.py). It calls
+// the whole device against a torch for each (tests/device/test_source_lines.py). It calls
 // capture() as an op does: from C++, with the GIL released.
 #include <Python.h>
 

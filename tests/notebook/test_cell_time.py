@@ -17,7 +17,7 @@ from IPython.utils.capture import capture_output
 import neuron_lab
 from neuron_lab.observability.explain import TIME_PARTS, format_seconds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINE = re.compile(r"^neuron: wall (?P<wall>\S+ \S+) = (?P<parts>[^|]+) \| device busy (?P<device>\S+ \S+)"
                   r"(?: \| compile (?P<compile>\S+ \S+) \(background\))? \| \d+ launches \(.*\) \| \d+ syncs \| peak ")
 UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}

@@ -25,7 +25,7 @@ import neuron_lab
 from neuron_lab import adaptive_eager as ae
 from neuron_lab.adaptive_eager import compiler
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 from hf_models import MODELS, make_batch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("adaptive_runtime")

@@ -21,7 +21,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")  # a test dependency: pyproject's [test] extra
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 from hf_models import GENERATIVE, MODELS, TIED, generation_inputs, make_batch  # noqa: E402
 
 import neuron_lab  # noqa: E402

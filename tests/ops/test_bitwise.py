@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
 import bitwise_support as support  # noqa: E402
 from conftest import run_python  # noqa: E402

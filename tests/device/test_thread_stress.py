@@ -130,7 +130,7 @@ print("\\n".join(errors) if errors else "ok")
 @pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
 def test_threads_seeding_training_printing_syncing_profiling(mode: str) -> None:
     code = _STRESS.format(mode=mode, threads=THREADS, rounds=ROUNDS, timeout=TIMEOUT_S,
-                          tests=os.path.dirname(os.path.abspath(__file__)))
+                          tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                             timeout=TIMEOUT_S + 60)
     assert result.returncode == 0, f"the threads hung or crashed:\n{result.stdout}\n{result.stderr[-6000:]}"

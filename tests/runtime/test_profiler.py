@@ -287,7 +287,7 @@ def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path, monkeypatch):
 # ---- torch.profiler ------------------------------------------------------------------------
 
 def test_torch_profiler_sees_neuron_launches():
-    # The device's lanes are ProfilerActivity.PrivateUse1's (tests/test_torch_profiler.py): a
+    # The device's lanes are ProfilerActivity.PrivateUse1's (tests/runtime/test_torch_profiler.py): a
     # CPU-only trace has the CPU ops, and no device events, also after a trace that asked for the
     # device (torch counts PRIVATEUSE1_RUNTIME among its CPU activity types).
     x = torch.randn(64, 64, device="neuron")

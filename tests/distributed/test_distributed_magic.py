@@ -353,7 +353,7 @@ def test_the_package_exports_the_runner_and_the_backend_does_not_load_it() -> No
 # ---- the ranks and their folder go with the caller; the stores listen on loopback -------------
 
 SLEEPING_CELL = "import time\ntime.sleep(300)\n"
-_REPOSITORY = Path(__file__).resolve().parents[1]
+_REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def _caller_environment(tmp: Path) -> dict[str, str]:

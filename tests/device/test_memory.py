@@ -3,7 +3,7 @@
 These tests check the allocator itself, allocation by allocation, so they run
 in blocking mode, where a tensor gets its memory when it is created. In the
 asynchronous modes memory is given when a launch is flushed or statistics are
-read (tests/test_adaptive_eager.py checks that).
+read (tests/runtime/test_adaptive_eager.py checks that).
 """
 
 from __future__ import annotations

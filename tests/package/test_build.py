@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 import _build_backend  # noqa: E402
 

@@ -201,7 +201,7 @@ def test_every_op_checked_at_first_call_is_still_needed() -> None:
         with neuron_lab.mode("eager"):
             for entry, why in listed.items():
                 if not why.startswith("check:"):
-                    continue  # a result's metadata: tests/test_bitwise.py and test_recurrent_bits.py
+                    continue  # a result's metadata: tests/ops/test_bitwise.py and test_recurrent_bits.py
                 native.set_ops_checked_at_first_call({op: w for op, w in listed.items() if op != entry})
                 short = entry.split("::")[1].rstrip("_")
                 mine = [c for c in cases if re.sub(r"^nn\.functional\.", "", c[1]).rstrip("_") == short]

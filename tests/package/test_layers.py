@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEVICE_CSRC = ROOT / "neuron_lab" / "device" / "csrc"
 # What lies above the device: the runtime, the workbench and their top-level shims.
 UPPER_PACKAGES = ("adaptive_eager", "observability", "magics", "compile", "kernels", "integrations", "distributed", "launch",

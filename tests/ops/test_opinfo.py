@@ -8,8 +8,8 @@ so a segfault fails only its own test.
 CI mode (the default) checks at most ``NEURON_OPINFO_SAMPLES`` (default 2)
 samples per op::
 
-    PYTHONPATH=. .venv/bin/python -m pytest tests/test_opinfo.py -p no:cacheprovider -q
-    NEURON_OPINFO_SAMPLES=all PYTHONPATH=. .venv/bin/python -m pytest tests/test_opinfo.py -k conv
+    PYTHONPATH=. .venv/bin/python -m pytest tests/ops/test_opinfo.py -p no:cacheprovider -q
+    NEURON_OPINFO_SAMPLES=all PYTHONPATH=. .venv/bin/python -m pytest tests/ops/test_opinfo.py -k conv
 
 Ops in ``opinfo_support.EXCLUSIONS`` are reported as skipped with their reason.
 For the full sweep with a pass-rate summary use ``scripts/sweep.py --db ops``.
@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
 import opinfo_support as support  # noqa: E402
 from isolated import assert_passed  # noqa: E402

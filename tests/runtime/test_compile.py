@@ -439,7 +439,7 @@ def adoption_results() -> dict:
     from pathlib import Path
 
     done = subprocess.run([sys.executable, "-c", _ADOPTION_CASES, *ADOPTION_CASES], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).resolve().parents[1],  # this checkout's neuron_lab
+                          timeout=120, cwd=Path(__file__).resolve().parents[2],  # this checkout's neuron_lab
                           env={**os.environ, "NEURON_LAB_NUM_CORES": "2"})
     results = {}
     for line in done.stdout.splitlines():

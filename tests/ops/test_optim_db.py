@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
 import optim_db_support as support  # noqa: E402
 from isolated import assert_passed  # noqa: E402

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "notebooks" / "1_quickstart.ipynb"
 MAGIC = re.compile(r"(?<![\w%])(%%?neuron_\w+)")
 MACHINE_SPECIFIC = {

@@ -152,7 +152,7 @@ def test_deterministic_algorithms_launch_op_by_op() -> None:
     was_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     was_filling = torch.utils.deterministic.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True)
-    # Not filling new memory (a NaN fill per result: tests/test_deterministic_fill.py).
+    # Not filling new memory (a NaN fill per result: tests/device/test_deterministic_fill.py).
     torch.utils.deterministic.fill_uninitialized_memory = False
     try:
         y = x

@@ -29,7 +29,7 @@ from conftest import run_python
 pytestmark = pytest.mark.timeout(120)
 
 WAIT_S = 30  # for an answer from another process (which may be importing torch)
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORK_FIX = ("forked after the parent used it", "'spawn'", "'forkserver'", "on the CPU")
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: the shared helpers
 
 import module_db_support as support  # noqa: E402
 from isolated import assert_passed  # noqa: E402

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from _build_backend import SUPPORTED_PYTHONS  # noqa: E402
 
-PROBE = Path(__file__).resolve().parent / "source_probe"
+PROBE = Path(__file__).resolve().parents[1] / "source_probe"
 
 
 def find_python(major: int, minor: int) -> str | None:
