@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from neuron_lab.device import trace
+from parity import same_bits
 
 ARITH = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
 
@@ -88,11 +89,6 @@ class Outcome:
     problem: Optional[str]  # what differs from the CPU, or None
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as integers, so that NaN payloads and the sign of zero count."""
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
-
-
 def check_elementwise_case(op: str, fn: Callable, args: list) -> Outcome:
     """Runs fn on the CPU and on the device (in the current mode): dtype, shape, strides and
     bits must be equal. Shapes that do not broadcast raise on both: no problem."""
@@ -110,6 +106,6 @@ def check_elementwise_case(op: str, fn: Callable, args: list) -> Outcome:
         return Outcome(ran, f"{op} {layouts}: {got.dtype} {tuple(got.shape)} != {expected.dtype} {tuple(expected.shape)}")
     if got.stride() != expected.stride():
         return Outcome(ran, f"{op} {layouts}: strides {got.stride()} != the CPU's {expected.stride()}")
-    if not torch.equal(bits(got), bits(expected)):
+    if not same_bits(got, expected):
         return Outcome(ran, f"{op} {layouts}: values differ from the CPU's")
     return Outcome(ran, None)

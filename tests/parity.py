@@ -16,6 +16,30 @@ DEVICE = "neuron"
 CALL_SEED = 0  # torch.manual_seed before each side's call
 
 
+def bits(t: Any) -> Any:
+    """``t`` on the CPU with its values as integers of the same width (floating and complex
+    dtypes), so that NaN payloads and the sign of zero count; other dtypes as they are."""
+    import torch
+
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.is_floating_point():
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        return t.contiguous().view(width)
+    return t
+
+
+def same_bits(actual: Any, expected: Any) -> bool:
+    """Whether two tensors, on any devices, have the same dtype, shape and bits (NaN payloads
+    and signed zeros included): the device's promise, checked on the CPU. The one bit-equality
+    check of the tests (``bitwise_support`` reports how results differ, NaN matching NaN)."""
+    import torch
+
+    return (actual.dtype == expected.dtype and actual.shape == expected.shape
+            and torch.equal(bits(actual), bits(expected)))
+
+
 def is_dense(t: Any) -> bool:
     from torch._prims_common import is_non_overlapping_and_dense_or_false
 

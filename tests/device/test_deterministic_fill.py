@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity import same_bits
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.complex64,
           torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool]
@@ -25,16 +26,6 @@ def fill_uninitialized():
     yield
     torch.use_deterministic_algorithms(was[0], warn_only=was[1])
     torch.utils.deterministic.fill_uninitialized_memory = was[2]
-
-
-def same_bits(device_tensor: torch.Tensor, cpu_tensor: torch.Tensor) -> bool:
-    a, b = device_tensor.cpu(), cpu_tensor
-    if a.dtype.is_complex:
-        a, b = torch.view_as_real(a), torch.view_as_real(b)
-    if a.dtype.is_floating_point:
-        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
-    return a.shape == b.shape and torch.equal(a, b)
 
 
 def _in_inference_mode(make):

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 import neuron_lab
 from conftest import run_python
-from elementwise_layouts import (ARITH, bits, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
+from elementwise_layouts import (ARITH, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
                                  with_unit_strides)
+from parity import bits
 from neuron_lab import fastpath
 from neuron_lab.device import trace
 

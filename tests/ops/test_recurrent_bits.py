@@ -19,16 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import neuron_lab
-
-
-def same_bits(a, b) -> bool:
-    a, b = a.detach().cpu(), b.detach().cpu()
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.contiguous().view(width), b.contiguous().view(width))
-    return torch.equal(a, b)
+from parity import same_bits
 
 
 def flat(value) -> list:

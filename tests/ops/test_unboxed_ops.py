@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import neuron_lab
 from neuron_lab import adaptive_eager as ae
 from neuron_lab.device.trace import device_counters
+from parity import same_bits
 
 pytestmark = pytest.mark.usefixtures("adaptive_runtime")
 
@@ -72,10 +73,6 @@ CASES = {
 }
 
 
-def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_unboxed_op_gives_the_cpus_bits_when_run_at_once(name: str) -> None:
     fn, args = CASES[name]
@@ -83,7 +80,7 @@ def test_each_unboxed_op_gives_the_cpus_bits_when_run_at_once(name: str) -> None
     before = unboxed_count()
     with neuron_lab.mode("blocking"):  # every op runs at once
         got = fn(*(a.to("neuron") for a in args)).cpu()
-    assert _same_bits(got, want), (name, got, want)
+    assert same_bits(got, want), (name, got, want)
     assert unboxed_count() > before  # the path under test was taken
 
 
@@ -96,7 +93,7 @@ def test_the_same_ops_recorded_into_graphs_give_the_same_bits(name: str) -> None
     before = unboxed_count()
     for _ in range(5):
         got = fn(*xs)
-        assert _same_bits(got.cpu(), want)
+        assert same_bits(got.cpu(), want)
     assert unboxed_count() == before
     assert ae.counters()["ops_recorded"] > 0
 
@@ -123,7 +120,7 @@ def test_in_place_ops_see_their_own_aliasing() -> None:
         torch.mul(want, want[0], out=want)
     torch.add(want[1:3], want[0], out=want[1:3])
     want[:, 1].mul_(want[:, 0])
-    assert _same_bits(got, want)
+    assert same_bits(got, want)
 
 
 def test_out_arguments_are_resized_and_restrided_as_on_the_cpu() -> None:
@@ -132,16 +129,16 @@ def test_out_arguments_are_resized_and_restrided_as_on_the_cpu() -> None:
         out = torch.empty(0, device="neuron")
         result = torch.mm(a.to("neuron"), b.to("neuron"), out=out)
         assert result is out and out.shape == (3, 5)
-        assert _same_bits(out.cpu(), a @ b)
+        assert same_bits(out.cpu(), a @ b)
         wrong = torch.empty(2, 2, device="neuron")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.add(a.to("neuron"), 1, out=wrong)  # resizing a non-empty out= warns, as on the CPU
         assert any("resized" in str(w.message) for w in caught), [str(w.message) for w in caught]
-        assert wrong.shape == (3, 4) and _same_bits(wrong.cpu(), a + 1)
+        assert wrong.shape == (3, 4) and same_bits(wrong.cpu(), a + 1)
         t = torch.empty(5, 3, device="neuron").T  # a transposed out= keeps its strides
         torch.mm(a.to("neuron"), b.to("neuron"), out=t)
-        assert t.stride() == (1, 3) and _same_bits(t.cpu(), a @ b)
+        assert t.stride() == (1, 3) and same_bits(t.cpu(), a @ b)
 
 
 def test_cpu_scalars_pass_through_and_mixed_devices_get_the_fallbacks_error() -> None:
@@ -151,13 +148,13 @@ def test_cpu_scalars_pass_through_and_mixed_devices_get_the_fallbacks_error() ->
         got = a.to("neuron") * torch.tensor(3.0)  # a CPU 0-dim tensor: allowed, as on CUDA
         got = got + 1  # a Python scalar: the same, wrapped by torch
         assert unboxed_count() == before + 2
-        assert _same_bits(got.cpu(), a * torch.tensor(3.0) + 1)
+        assert same_bits(got.cpu(), a * torch.tensor(3.0) + 1)
         with pytest.raises(RuntimeError, match="found at least two devices, neuron:0 and cpu"):
             a.to("neuron") + torch.randn(4)
         out = torch.empty(4)
         with pytest.raises(RuntimeError, match="argument out in method aten::add.out.*Move them with"):
             torch.add(a.to("neuron"), 1, out=out)
-        assert _same_bits((a.to("neuron") + 1).cpu(), a + 1)  # the runtime is intact
+        assert same_bits((a.to("neuron") + 1).cpu(), a + 1)  # the runtime is intact
         assert unboxed_count() == before + 3
 
 
@@ -169,11 +166,11 @@ def test_a_kernel_error_leaves_the_runtime_and_every_tensor_intact() -> None:
             n @ n
         with pytest.raises(RuntimeError):
             torch.cat([n, torch.randn(3, 5, device="neuron")], dim=0)
-        assert _same_bits(n.cpu(), x)
-        assert _same_bits((n @ n.T).cpu(), x @ x.T)
+        assert same_bits(n.cpu(), x)
+        assert same_bits((n @ n.T).cpu(), x @ x.T)
     # after an error inside a kernel the runtime records as before
     for _ in range(3):
-        assert _same_bits((n * 2 + 1).cpu(), x * 2 + 1)
+        assert same_bits((n * 2 + 1).cpu(), x * 2 + 1)
     assert ae.counters()["ops_recorded"] > 0
 
 
@@ -187,7 +184,7 @@ def test_a_value_never_computed_is_not_read_by_an_unboxed_op() -> None:
         with pytest.raises(RuntimeError, match="never computed"):
             never_computed * 2
         never_computed.fill_(1.0)  # written, not read: allowed, and the value is computed now
-        assert _same_bits((never_computed * 2).cpu(), torch.full((2,), 2.0))
+        assert same_bits((never_computed * 2).cpu(), torch.full((2,), 2.0))
 
 
 def test_ops_run_at_once_in_adaptive_mode_take_the_unboxed_path() -> None:
@@ -201,7 +198,7 @@ def test_ops_run_at_once_in_adaptive_mode_take_the_unboxed_path() -> None:
     before_unboxed, before_at_once = unboxed_count(), ae.counters()["ops_run_at_once"]
     for x, want in steps:
         got = torch.tanh(x.to("neuron") @ w).softmax(-1).sum(0)
-        assert _same_bits(got.cpu(), want)
+        assert same_bits(got.cpu(), want)
     c = ae.counters()
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > before_at_once
     assert unboxed_count() - before_unboxed > 60
@@ -219,7 +216,7 @@ def test_a_module_trains_the_same_through_the_unboxed_path() -> None:
     with neuron_lab.mode("blocking"):
         dev_block(x.to("neuron")).square().mean().backward()
     for (name, p), q in zip(block.named_parameters(), dev_block.parameters()):
-        assert _same_bits(q.grad.cpu(), p.grad), name
+        assert same_bits(q.grad.cpu(), p.grad), name
 
 
 def test_host_aliases_reused_across_ops_follow_every_change_of_their_tensor() -> None:
@@ -255,7 +252,7 @@ def test_host_aliases_reused_across_ops_follow_every_change_of_their_tensor() ->
         got = program(a.to("neuron"), b.to("neuron"))
         assert unboxed_count() - before >= len(want)
     for i, (g, w) in enumerate(zip(got, want)):
-        assert _same_bits(g.cpu(), w), i
+        assert same_bits(g.cpu(), w), i
 
 
 def recycled_count() -> int:
@@ -292,7 +289,7 @@ def test_recycled_host_aliases_take_each_new_tensors_dtype_shape_and_bits() -> N
         assert recycled_count() - recycled > 50  # the path below is exercised, many times over
     for i, (g, w) in enumerate(zip(got, want)):
         assert g.dtype == w.dtype and g.shape == w.shape, i
-        assert _same_bits(g.cpu(), w), i
+        assert same_bits(g.cpu(), w), i
 
 
 @pytest.mark.parametrize("grad_mode", ["grad", "no_grad", "inference_mode"])
@@ -319,7 +316,7 @@ def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None
         views = results["cat"][1:4].T  # a view of a fresh result shares its memory
         views.mul_(2)
     assert torch.equal(results["cat"].cpu()[1:4], torch.cat([a_cpu, a_cpu])[1:4] * 2)
-    assert _same_bits(results["add"].cpu(), a_cpu + b_cpu)
+    assert same_bits(results["add"].cpu(), a_cpu + b_cpu)
     # An adopted storage is the device's in every way: it grows through the device allocator
     # keeping its bytes, and its memory goes back to the device when the last tensor goes.
     grown = results["softmax"].detach().clone() if grad_mode == "grad" else results["softmax"]

@@ -16,6 +16,7 @@ import neuron_lab
 from neuron_lab import adaptive_eager as ae
 
 from conftest import run_in_threads, run_python
+from parity import same_bits
 
 THIS_FILE = os.path.basename(__file__)
 
@@ -854,10 +855,6 @@ def _dropout_step(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, p: float) -
     return y.detach().cpu(), x.grad.cpu()
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "strided"])
 def test_dropout_forward_and_backward_give_the_cpus_bits(dtype: torch.dtype, layout: str) -> None:
@@ -872,7 +869,7 @@ def test_dropout_forward_and_backward_give_the_cpus_bits(dtype: torch.dtype, lay
         expected = _dropout_step(x, w, g, p)
         actual = _dropout_step(x.to("neuron"), w.to("neuron"), g.to("neuron"), p)
         for a, e in zip(actual, expected):
-            assert torch.equal(_bits(a), _bits(e)), (layout, p)
+            assert same_bits(a, e), (layout, p)
 
 
 def test_dropout_records_its_fused_ops() -> None:
@@ -1390,16 +1387,6 @@ def _elementwise_program(x: torch.Tensor, w: torch.Tensor, k: torch.Tensor) -> l
     return [y, z, halves, doubles, ints, (z > w).logical_xor(y < 0)]
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit for bit equal (NaNs included)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point():
-        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        return torch.equal(a.view(bits), b.view(bits))
-    return torch.equal(a, b)
-
-
 @pytest.mark.usefixtures("replay_tier")
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("n", [1 << 18, (1 << 18) + 37])
@@ -1420,7 +1407,7 @@ def test_tiled_replay_of_elementwise_runs_gives_eager_bits(threads: int, n: int)
     finally:
         torch.set_num_threads(previous)
     for g, e in zip(got, expected):
-        assert _same_bits(g, e), (g.dtype, (g.double() - e.double()).abs().nan_to_num().max())
+        assert same_bits(g, e), (g.dtype, (g.double() - e.double()).abs().nan_to_num().max())
     split_moves_a_tail = threads > 1 and ((n + 1) // 2) % 256 != 0
     if split_moves_a_tail:
         assert counters["tiled_ops"] == 0, counters
