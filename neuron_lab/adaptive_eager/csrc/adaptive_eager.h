@@ -91,14 +91,13 @@ Policy& policy();
 // whose ops (the sequence of operators, whatever their shapes) an earlier missed probe
 // also ran is the same program with grown shapes: the waits to the next probe double, up
 // to kMaxProbeEvery. Ops not seen before mean the program changed: the next probe comes
-// after kProbeEvery waits again. Each missed probe costs a decoding loop a token recorded
-// and replayed (~0.7 ms): 400 tokens of generate() probe once (9 times with the first,
-// fixed schedule of 16 to 64 waits; twice with 64 waits doubling).
+// after kProbeEvery waits again. Each missed probe costs a decoding loop one token recorded
+// and replayed, so the waits between probes of a growing loop only grow.
 // A loop whose shapes grow is recognised sooner than a full window: when kRegrownMisses
 // launches of small ops miss the cache although an earlier missed launch ran the same
-// operators (the same step with longer shapes), ops run at once from then on (generate()
-// then records its first 3 or 4 tokens instead of its first 11). Only launches of at least
-// kMinRegrownOps ops count: a test running one op over many shapes is not a loop.
+// operators (the same step with longer shapes), ops run at once from then on. Only
+// launches of at least kMinRegrownOps ops count: a test running one op over many shapes is
+// not a loop.
 class RepeatTracker {
  public:
   static constexpr int kRegrownMisses = 3;
