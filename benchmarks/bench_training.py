@@ -277,12 +277,16 @@ def main() -> int:
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin an N-thread row's processes to N cores (torch.set_num_threads only)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--report", type=Path, help="print the table of a --json file and exit")
     parser.add_argument("--worker", nargs=3, metavar=("WORKLOAD", "CONFIG", "THREADS"), help=argparse.SUPPRESS)
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(*args.worker, first=args.first, warmup=args.warmup, pin=not args.no_pin)
     Worker.pin = not args.no_pin
+    if args.report:
+        report(json.loads(args.report.read_text()), CONFIGS)
+        return 0
     if args.quick:
         args.rounds, args.inner, args.warmup, args.first_rounds = 3, 1, 2, 1
 
@@ -308,9 +312,9 @@ def main() -> int:
                 print(f"#   skipped: {e}", file=sys.stderr)
                 results.append({"workload": workload, "threads": threads, "skipped": str(e)})
             print(f"#   {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.json:  # kept up to date: a run cut short keeps the rows it finished
+                args.json.write_text(json.dumps(results, indent=1))
     elapsed = time.perf_counter() - started
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
     report(results, CONFIGS)
     print(f"\nRun: {elapsed:.0f} s; load average at the end {os.getloadavg()[0]:.2f} "
           f"({os.cpu_count()} CPUs, {platform.node()}).")
