@@ -15,12 +15,13 @@ paired within a round (the machine's noise moves both alike). A family that gain
 on every workload pays for nothing it was written for.
 
     python benchmarks/bench_fastpath.py                      # every workload, default and 1 thread
-    python benchmarks/bench_fastpath.py --rounds 7 --workloads gpt2_train
+    python benchmarks/bench_fastpath.py --rounds 7 --workloads gpt2_tiny
     python benchmarks/bench_fastpath.py --json out.json
 
-The two thread rows: torch's default threads (what a notebook gets) and one thread. The
-neuron device runs its launches on a device thread besides the host's; at one thread both
-devices' kernels are single-threaded.
+The two thread rows: torch's default threads (what a notebook gets) and one thread, with the
+process pinned to one core (the device's host thread records while its device thread runs
+kernels: without the pin the 1-thread row would use two cores). The workloads are
+bench_training.py's (benchmarks/training_workloads.py).
 """
 
 from __future__ import annotations
@@ -35,106 +36,20 @@ import time
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
 
-WORKLOADS = ["gpt2_train", "llama_train", "llama_generate", "resnet18_train", "unet_train"]
+import training_workloads  # noqa: E402  (the workloads of bench_training.py)
+from bench_training import pin_to_cores  # noqa: E402
+
+# Generation, transformers training, a CNN and a UNet (the 6-layer 512-wide models: --workloads).
+WORKLOADS = ["llama_generate", "gpt2_tiny", "llama_tiny", "resnet18", "unet"]
 
 
 def _sync() -> None:
     import torch
 
-    torch.neuron.synchronize()
-
-
-def _causal_train(name: str) -> Callable[[], None]:
-    import torch
-    from hf_models import MODELS
-
-    torch.manual_seed(0)
-    model = MODELS[name].build().to("neuron").train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(2, 99, (2, 32), generator=g).to("neuron")
-
-    def step() -> None:
-        opt.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-
-    return step
-
-
-def _llama_generate() -> Callable[[], None]:
-    import torch
-    from hf_models import MODELS
-
-    torch.manual_seed(0)
-    model = MODELS["llama"].build().to("neuron").eval()
-    ids = torch.tensor([[5, 7, 9, 11]], device="neuron")
-
-    def step() -> None:
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=1)
-
-    return step
-
-
-def _resnet18_train() -> Callable[[], None]:
-    """ResNet-18 (transformers' ResNet, basic blocks 2-2-2-2, BatchNorm), batch 4 x 32x32 (a step
-    of 8 x 64x64 takes seconds on the shared 2-core machine): torchvision is not installed here,
-    and transformers' model is the same network."""
-    import torch
-    import transformers as hf
-
-    torch.manual_seed(0)
-    config = hf.ResNetConfig(layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
-                             embedding_size=64, num_labels=10)
-    model = hf.ResNetForImageClassification(config).to("neuron").train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4, 3, 32, 32, generator=g).to("neuron")
-    y = torch.randint(0, 10, (4,), generator=g).to("neuron")
-
-    def step() -> None:
-        opt.zero_grad()
-        model(pixel_values=x, labels=y).loss.backward()
-        opt.step()
-
-    return step
-
-
-def _unet_train() -> Callable[[], None]:
-    import diffusers  # noqa: F401  (raises ImportError where it is not installed)
-
-    import torch
-
-    torch.manual_seed(0)
-    model = diffusers.UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=16).to("neuron").train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 4, 16, 16, generator=g).to("neuron")
-    t = torch.tensor([10, 500]).to("neuron")
-    ctx = torch.randn(2, 8, 32, generator=g).to("neuron")
-
-    def step() -> None:
-        opt.zero_grad()
-        model(x, t, encoder_hidden_states=ctx).sample.square().mean().backward()
-        opt.step()
-
-    return step
-
-
-BUILDERS: dict[str, Callable[[], Callable[[], None]]] = {
-    "gpt2_train": lambda: _causal_train("gpt2"),
-    "llama_train": lambda: _causal_train("llama"),
-    "llama_generate": _llama_generate,
-    "resnet18_train": _resnet18_train,
-    "unet_train": _unet_train,
-}
+    torch.accelerator.synchronize()
 
 
 def measure(workload: str, threads: int | None, rounds: int, warmup: int, inner: int) -> dict:
@@ -146,7 +61,7 @@ def measure(workload: str, threads: int | None, rounds: int, warmup: int, inner:
     import neuron_lab  # noqa: F401
     from neuron_lab import fastpath
 
-    step = BUILDERS[workload]()
+    step = training_workloads.build(workload, "neuron")
     families = fastpath.families()
     configs = ["on", "off"] + [f"-{f}" for f in families]
 
@@ -192,7 +107,7 @@ def summarise(result: dict, key: str = "times") -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=training_workloads.WORKLOADS)
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--inner", type=int, default=3, help="timed steps per configuration and round")
@@ -203,6 +118,7 @@ def main() -> int:
 
     if args.one:  # the child process of one (workload, threads)
         workload, threads = args.one
+        pin_to_cores(threads)  # N threads: N cores for the host and the device thread together
         result = measure(workload, None if threads == "default" else int(threads), args.rounds, args.warmup, args.inner)
         print(json.dumps(result))
         return 0
