@@ -125,9 +125,7 @@ def test_an_idle_device_thread_gives_its_openmp_workers_back() -> None:
     result = run_python(
         """
         import os, threading, time, torch
-        # 3: a device thread leaves one of the launcher's threads to the host that records,
-        # so its parallel regions run on two (itself and one worker).
-        torch.set_num_threads(3)
+        torch.set_num_threads(2)
         def count(): return len(os.listdir("/proc/self/task"))
         a, b = torch.ones(2048, 2048, device="neuron"), torch.ones(2048, 2048, device="neuron")
         torch.neuron.synchronize()
