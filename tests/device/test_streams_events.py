@@ -182,37 +182,6 @@ def test_device_threads_use_the_thread_count_set_by_torch_set_num_threads():
     assert result.stdout.strip() == "0", result.stdout
 
 
-def test_a_device_thread_leaves_a_core_of_the_thread_budget_to_the_recording_host():
-    """At torch.set_num_threads(2), a launch the device thread executes while the host thread
-    goes on with its own work runs single-threaded: host + device thread are the budget's two
-    threads. An OpenMP worker of the device thread would be a third thread on two cores, and
-    every parallel region's barrier would wait for it to be scheduled."""
-    from conftest import run_python
-
-    result = run_python(
-        """
-        import os, time, torch, neuron_lab
-        torch.set_num_threads(2)
-        neuron_lab.set_mode("eager")
-        x = torch.randn(1 << 22, device="neuron")
-        torch.neuron.synchronize()
-        threads = len(os.listdir("/proc/self/task"))
-        most = threads
-        for _ in range(3):
-            y = x.sin()          # big enough for ATen to parallelize it
-            end = time.perf_counter() + 0.3
-            while time.perf_counter() < end:  # the host is busy; the device thread executes it
-                most = max(most, len(os.listdir("/proc/self/task")))
-            torch.neuron.synchronize()
-        assert torch.equal(y.cpu(), x.cpu().sin())
-        print(most - threads, torch.get_num_threads())
-        """,
-        env={"NEURON_LAB_COMPILE": "0"},
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["0", "2"], result.stdout  # no worker started; the host keeps its count
-
-
 def _token_like_step(state: list, ids: torch.Tensor) -> bool:
     """A decoding loop's bookkeeping: a few small ops, then a host read of the flag."""
     state[0] = state[0] & ~((ids + 1) == 50256)

@@ -23,11 +23,6 @@
 #include <pthread.h>
 #include <thread>
 
-// OpenMP's and MKL's thread-local setters, from the runtimes torch loaded (weak: a torch built
-// without them leaves them null).
-extern "C" void omp_set_num_threads(int) __attribute__((weak));
-extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // C ABI (the lower-case one is Fortran's)
-
 namespace neuron {
 
 struct StreamState {
@@ -132,36 +127,6 @@ class GilRelease {
   PyThreadState* state_ = nullptr;
 };
 
-// Host threads blocked in a wait for the device (wait_until_done, back-pressure).
-std::atomic<int> g_hosts_blocked{0};
-
-struct HostBlocked {
-  HostBlocked() { g_hosts_blocked.fetch_add(1, std::memory_order_acq_rel); }
-  ~HostBlocked() { g_hosts_blocked.fetch_sub(1, std::memory_order_acq_rel); }
-  HostBlocked(const HostBlocked&) = delete;
-  HostBlocked& operator=(const HostBlocked&) = delete;
-};
-
-// The intra-op threads of a launch whose launcher asked for `requested`: on a device thread
-// of its own, one fewer while no host is blocked on the device, since the host thread goes on
-// recording on a core of the same budget (with all `requested` threads, a parallel region's
-// barrier waits for a worker descheduled in favour of the host: oversubscription). A launch
-// run by a host thread, or started while a host waits, gets them all.
-int kernel_threads(int requested) {
-  if (requested > 1 && tl_own_device_thread && g_hosts_blocked.load(std::memory_order_acquire) == 0) {
-    return requested - 1;
-  }
-  return requested;
-}
-
-// Sets this thread's OpenMP and MKL thread counts only (at::set_num_threads would also set
-// the count that threads started later inherit, and the process's pthreadpool).
-void use_kernel_threads(int threads) {
-  if (at::get_num_threads() == threads) return;
-  if (omp_set_num_threads != nullptr) omp_set_num_threads(threads);
-  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(threads);
-}
-
 // Executes one launch popped from the stream's queue (s->running is set), then
 // counts it as done: on the stream's device thread, or on a host thread that
 // was about to wait for it anyway.
@@ -170,7 +135,9 @@ void execute(StreamState* s, Work& work, bool skip) {
   // Kernels use as many threads as the code that launched them asked for
   // (torch.set_num_threads): a device thread would otherwise run OpenMP's default
   // team, whose spinning workers compete with the host for the same cores.
-  if (work.intra_op_threads > 0) use_kernel_threads(kernel_threads(work.intra_op_threads));
+  if (work.intra_op_threads > 0 && at::get_num_threads() != work.intra_op_threads) {
+    at::set_num_threads(work.intra_op_threads);
+  }
   const int64_t start = trace::now_ns();
   if (work.record) work.record->start_ns.store(start);
   if (skip && work.on_skip) {
@@ -387,6 +354,10 @@ void release_finished_work() {
   op_counters().launches_dropped_by_host.fetch_add(finished.size(), std::memory_order_relaxed);
 }  // dropped here, outside the lock
 
+// OpenMP's and MKL's thread-local setters, from the runtimes torch loaded (weak: a
+// torch built without them leaves them null).
+extern "C" void omp_set_num_threads(int) __attribute__((weak));
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));  // C ABI (the lower-case one is Fortran's)
 
 // (at::get_num_threads first runs PyTorch's per-thread initialization, which would
 // otherwise undo this at the thread's first parallel loop.)
@@ -511,7 +482,6 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       wake(s);
     }
     GilRelease no_gil;
-    HostBlocked blocked;
     std::unique_lock<std::mutex> lock(s.mutex);
     s.work_done.wait(lock, [&] { return s.queued_ops.load() < kMaxQueuedOps; });
   }
@@ -568,7 +538,6 @@ namespace {
 void wait_until_done(StreamState& s, uint64_t seq) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
-    HostBlocked blocked;  // launches the device thread starts now may use the host's core
     std::unique_lock<std::mutex> lock(s.mutex);
     bool host_workers_kept = true;
     while (s.completed.load(std::memory_order_acquire) < seq) {
