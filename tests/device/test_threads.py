@@ -153,3 +153,25 @@ def test_an_idle_device_thread_gives_its_openmp_workers_back() -> None:
     # it made `a` and `b`, or never ran a parallel region).
     assert peak > base, f"{base} threads before the product and at most {peak} during it"
     assert after <= base, f"the idle device thread kept its workers: {after} threads, {base} before"
+
+
+def test_background_launches_use_the_recording_threads_count_so_reductions_keep_their_bits() -> None:
+    """ATen splits a large reduction across its intra-op threads, so a sum's bits depend on
+    the thread count. A launch the device thread runs while the host is not waiting (here it
+    polls an event) must use the recording thread's count, not a smaller budget, or results
+    drift from the CPU's."""
+    torch.manual_seed(0)
+    x = torch.randn(4_000_000)
+    assert torch.get_num_threads() >= 2, "needs at least 2 intra-op threads to split the sum"
+    expected = x.sum()
+    on_device = x.to("neuron")
+    mismatched = []
+    for step in range(10):
+        total = (on_device * 1.0).sum()
+        done = torch.neuron.Event()
+        done.record()
+        while not done.query():  # polling is not waiting: the device thread runs the launch alone
+            pass
+        if not torch.equal(total.cpu(), expected):
+            mismatched.append(step)
+    assert not mismatched, f"steps {mismatched} differ from the CPU's bits at {torch.get_num_threads()} threads"
