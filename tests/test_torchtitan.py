@@ -16,7 +16,9 @@ tracker, which differ between the CPU and an accelerator). Each step's loss (Tor
 the reference's within bfloat16's precision (relative 2**-8), the precision the config
 computes in: FSDP2 casts the parameters to bfloat16, so every matmul and the attention round
 to bfloat16, and the neuron run compiles FlexAttention into one graph (float32 inside) where the
-reference runs it op by op. The configs run:
+reference runs it op by op. With FlexAttention eager on neuron too
+(``examples/torchtitan/eager_attention.py``), both do the same arithmetic and every loss and
+gradient norm must be equal bit for bit. The configs run:
 
 * ``fsdp``: FSDP2 over both ranks;
 * ``fsdp_tp``: tensor parallelism of degree 2 under FSDP2 (of degree 1 on 2 ranks: TorchTitan
@@ -102,6 +104,20 @@ def run_torchtitan(entry: list[str], ranks: int, assets: tuple[Path, ...], dump:
     return log
 
 
+@pytest.fixture(scope="module")
+def reference(assets: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory):
+    """The CPU reference's scalars for a config, each run once."""
+    done: dict[str, dict[str, list[float]]] = {}
+
+    def scalars(config: str) -> dict[str, list[float]]:
+        if config not in done:
+            dump = tmp_path_factory.mktemp(f"cpu_{config}")
+            done[config] = train([str(EXAMPLE / "cpu_reference.py")], config, assets, dump, on_cpu=True)
+        return done[config]
+
+    return scalars
+
+
 def train(entry: list[str], config: str, assets: tuple[Path, Path, Path], dump: Path,
           on_cpu: bool) -> dict[str, list[float]]:
     """The config on 2 ranks from the seed checkpoint: each step's loss and gradient norm."""
@@ -130,14 +146,20 @@ def logged_scalars(folder: Path) -> dict[str, list[float]]:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_llama3_debug_model_matches_the_cpu_reference(config: str, assets: tuple[Path, Path, Path],
-                                                      tmp_path: Path) -> None:
+                                                      reference, tmp_path: Path) -> None:
     """TorchTitan's Llama3 debug model on 2 neuron ranks: each step's loss and gradient norm
     match the same run's on the CPU over gloo within bfloat16's precision."""
-    (tmp_path / "neuron").mkdir()
-    (tmp_path / "cpu").mkdir()
-    on_neuron = train(["-m", "torchtitan.train"], config, assets, tmp_path / "neuron", on_cpu=False)
-    on_cpu = train([str(EXAMPLE / "cpu_reference.py")], config, assets, tmp_path / "cpu", on_cpu=True)
+    on_neuron = train(["-m", "torchtitan.train"], config, assets, tmp_path, on_cpu=False)
+    on_cpu = reference(config)
     print(f"{config}: neuron {on_neuron} cpu {on_cpu}")
     for name in ("loss", "grad_norm"):
         torch.testing.assert_close(torch.tensor(on_neuron[name]), torch.tensor(on_cpu[name]),
                                    rtol=BFLOAT16_PRECISION, atol=0, msg=lambda m: f"{config} {name}: {m}")
+
+
+def test_with_eager_flex_attention_fsdp_tp_equals_the_cpu_bit_for_bit(assets: tuple[Path, Path, Path],
+                                                                       reference, tmp_path: Path) -> None:
+    """FSDP2 + TP with FlexAttention eager on both sides: the same arithmetic, so every step's
+    loss and gradient norm equal the CPU's exactly (what the device promises)."""
+    on_neuron = train([str(EXAMPLE / "eager_attention.py")], "fsdp_tp", assets, tmp_path, on_cpu=False)
+    assert on_neuron == reference("fsdp_tp")

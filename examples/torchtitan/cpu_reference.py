@@ -29,6 +29,7 @@ import types
 
 import torch
 import torch._utils
+from eager_attention import use_eager_flex_attention
 
 
 def _cpu_device_module() -> types.ModuleType:
@@ -55,9 +56,7 @@ def use_the_cpu() -> None:
     from torch.distributed.fsdp import FSDPModule
 
     flex._validate_device = lambda query, key, value: None
-    from torchtitan.models.common import attention
-
-    attention.FlexAttention._compiled_flex_attn = flex.flex_attention
+    use_eager_flex_attention()
 
     set_factor = FSDPModule.set_gradient_divide_factor
 
