@@ -8,6 +8,11 @@ full`` for the whole suite) and one notebook under nbval; then a table of what e
 
     python3 scripts/matrix.py                                   # 3.11-3.13 x torch 2.13.0, 2.14.1
     python3 scripts/matrix.py --pythons 3.12 --torches 2.14.1 --suite full --keep
+    python3 scripts/matrix.py --pythons 3.11 --torches 2.14.1 --suite ci --no-download   # CI's second
+
+``--suite ci`` is the core suite less its two slowest files (``MAIN_COMBINATION_ONLY``) plus TorchTitan's
+end-to-end test (tests/distributed/test_torchtitan.py),
+with TorchTitan installed into the venv after set-up (``TORCHTITAN``, timed apart).
 
 Each environment with a CUDA build of torch (every one but Python 3.11 with torch 2.13.0,
 which is a CPU build) takes about 5.5 GB; a copy is deleted once measured unless ``--keep``.
@@ -18,6 +23,7 @@ download, timed apart from the install), which pip then installs from.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -33,6 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.11", "3.12", "3.13")
 TORCHES = ("2.13.0", "2.14.1")
 NOTEBOOK = "notebooks/1_quickstart.ipynb"
+TORCHTITAN = ("torchtitan==0.3.0",)  # triton, which it imports, comes with the CUDA build of torch
+TITAN_TESTS = "tests/distributed/test_torchtitan.py"
+# The two slowest core files (about 60% of the core suite's time) run in the main combination
+# only, so that CI's second combination fits CI's 40 minutes.
+MAIN_COMBINATION_ONLY = ("tests/device/test_device.py", "tests/runtime/test_compile.py")
 
 
 @dataclass
@@ -41,6 +52,8 @@ class Result:
     torch: str
     download_s: float = 0.0
     install_s: float = 0.0
+    extras_s: float = 0.0
+    titan_s: float = 0.0
     suite: dict[str, int] = field(default_factory=dict)
     suite_s: float = 0.0
     notebook: str = "-"
@@ -59,8 +72,10 @@ class Result:
             self.torch,
             f"{self.download_s:.0f}",
             f"{self.install_s:.0f}",
+            f"{self.extras_s:.0f}",
             counts,
             f"{self.suite_s:.0f}",
+            f"{self.titan_s:.0f}",
             f"{self.notebook} ({self.notebook_s:.0f} s)",
             self.note,
         ]
@@ -88,6 +103,16 @@ def core_tests(root: Path = ROOT) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
+def fastpath_validated(root: Path = ROOT) -> tuple[str, ...]:
+    """The torch release series the fast path was validated on (``VALIDATED_TORCH``), read
+    from its source: this script runs without torch."""
+    source = (root / "neuron_lab" / "fastpath" / "__init__.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "VALIDATED_TORCH":
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("neuron_lab/fastpath/__init__.py no longer sets VALIDATED_TORCH")
+
+
 def copy_tree(dest: Path) -> None:
     """The working tree as git sees it (tracked and untracked, not ignored files)."""
     files = subprocess.run(
@@ -100,6 +125,13 @@ def copy_tree(dest: Path) -> None:
             target = dest / os.fsdecode(name)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
+
+
+def junit_seconds(path: Path, test_file: str) -> float:
+    """The time the tests of ``test_file`` took, by the junit report."""
+    module = Path(test_file).stem
+    return sum(float(case.get("time", 0)) for case in ET.parse(path).getroot().iter("testcase")
+               if case.get("classname", "").split(".")[-1] == module or f".{module}." in case.get("classname", ""))
 
 
 def junit_counts(path: Path) -> dict[str, int]:
@@ -124,7 +156,8 @@ def run(cmd: list[str], log: Path, env: dict[str, str], cwd: Path, timeout: floa
     return rc, time.monotonic() - started
 
 
-def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: str, jobs: str) -> Result:
+def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: str, jobs: str,
+                    download: bool = True) -> Result:
     result = Result(python, torch)
     interpreter = find_python(python)
     if interpreter is None:
@@ -138,17 +171,24 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
     env = {**os.environ, "PYTHON": interpreter, "NEURON_LAB_TORCH": f"torch=={torch}",
            "NEURON_LAB_SKIP_CHROMIUM": "1", "MAX_JOBS": jobs}
     env.pop("PYTHONPATH", None)
+    # On a torch the fast path was not validated on, it turns itself off with a warning at
+    # import (neuron_lab/fastpath); saying "off" is the same state without the warning, which
+    # the tests of a clean first import would otherwise see.
+    if ".".join(torch.split(".")[:2]) not in fastpath_validated(tree):
+        env.setdefault("NEURON_LAB_FASTPATH", "off")
 
-    # torch's wheels, once per Python and torch: what a new machine downloads.
-    wheels.mkdir(parents=True, exist_ok=True)
-    rc, result.download_s = run(
-        [interpreter, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(wheels), f"torch=={torch}"],
-        log, env, tree, 3600,
-    )
-    if rc != 0:
-        result.note = f"download failed ({log})"
-        return result
-    env["PIP_FIND_LINKS"] = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS", ""), str(wheels)]))
+    # torch's wheels, once per Python and torch: what a new machine downloads. Without
+    # (--no-download) pip installs torch straight from its configured indexes.
+    if download:
+        wheels.mkdir(parents=True, exist_ok=True)
+        rc, result.download_s = run(
+            [interpreter, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(wheels), f"torch=={torch}"],
+            log, env, tree, 3600,
+        )
+        if rc != 0:
+            result.note = f"download failed ({log})"
+            return result
+        env["PIP_FIND_LINKS"] = " ".join(filter(None, [os.environ.get("PIP_FIND_LINKS", ""), str(wheels)]))
 
     rc, result.install_s = run(["bash", "scripts/setup.sh"], log, env, tree, 3600)
     if rc != 0:
@@ -156,9 +196,18 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
         return result
 
     venv_python = str(tree / ".venv" / "bin" / "python")
+    if suite == "ci":
+        rc, result.extras_s = run(
+            [venv_python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *TORCHTITAN], log, env, tree, 1800,
+        )
+        if rc != 0:
+            result.note = f"installing {' '.join(TORCHTITAN)} failed ({log})"
+            return result
     # The Binder test builds its own environment from binder/ (Python 3.11, torch 2.13.0),
     # whatever the combination: it runs in the main combination's suite.
-    selection = core_tests(tree) if suite == "core" else ["tests", "-m", "not binder"]
+    ci_tests = [t for t in core_tests(tree) if t not in MAIN_COMBINATION_ONLY]
+    selection = {"core": core_tests(tree), "ci": [*ci_tests, TITAN_TESTS],
+                 "full": ["tests", "-m", "not binder"]}[suite]
     junit = tree / "suite.xml"
     rc, result.suite_s = run(
         [venv_python, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"],
@@ -166,6 +215,7 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
     )
     if junit.exists():
         result.suite = junit_counts(junit)
+        result.titan_s = junit_seconds(junit, TITAN_TESTS)
     if rc not in (0, 1):
         result.note = f"pytest exit {rc} ({log})"
 
@@ -177,7 +227,8 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
 
 
 def table(results: list[Result]) -> str:
-    head = ["Python", "torch", "download s", "install s", "suite", "suite s", "notebook", "note"]
+    head = ["Python", "torch", "download s", "install s", "torchtitan install s", "suite", "suite s",
+            "of which TorchTitan s", "notebook", "note"]
     rows = [head, ["---"] * len(head), *(r.row() for r in results)]
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
@@ -186,8 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.11,3.12")
     parser.add_argument("--torches", default=",".join(TORCHES), help="comma-separated, e.g. 2.13.0,2.14.1")
-    parser.add_argument("--suite", choices=("core", "full"), default="core",
-                        help="core: the files tests/core.txt lists (the reduced suite CI runs on a second combination); full: every test")
+    parser.add_argument("--suite", choices=("core", "ci", "full"), default="core",
+                        help="core: the files tests/core.txt lists; ci: those less MAIN_COMBINATION_ONLY, plus TorchTitan's end-to-end test "
+                             "(what CI runs on its second combination); full: every test")
+    parser.add_argument("--no-download", dest="download", action="store_false",
+                        help="let pip install torch from its configured indexes (no separate, timed download)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/neuron_lab-matrix"), help="where the copies and venvs go")
     parser.add_argument("--wheels", type=Path, default=None, help="torch's wheels, shared by the runs (default: WORK/wheels)")
     parser.add_argument("--jobs", default=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), help="compile jobs (MAX_JOBS)")
@@ -198,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     for python in args.pythons.split(","):
         for torch in args.torches.split(","):
             print(f"== CPython {python}, torch {torch}", flush=True)
-            result = run_combination(python, torch, args.work, args.wheels or args.work / "wheels", args.suite, args.jobs)
+            result = run_combination(python, torch, args.work, args.wheels or args.work / "wheels", args.suite, args.jobs,
+                                     args.download)
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
             if not args.keep:
