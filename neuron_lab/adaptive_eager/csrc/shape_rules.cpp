@@ -226,7 +226,7 @@ std::optional<MetaResult> batch_norm_training(const c10::IValue* args, size_t n)
   std::optional<c10::ScalarType> param_dtype;
   int running = 0;
   for (size_t i = 1; i < 5; ++i) {
-    if (args[i].isNone()) continue;
+    if (args[i].isNone() || (args[i].isTensor() && !args[i].toTensor().defined())) continue;  // None, boxed either way
     const at::Tensor* param = tensor_arg(args, n, i);
     if (param == nullptr || !same_device(*param, *input) || param->dim() != 1 || param->size(0) != channels ||
         param->stride(0) != 1) {
