@@ -1,6 +1,7 @@
 """Host waits per training step of a ResNet-18-shaped model and a tiny diffusers UNet on the
 neuron device (adaptive mode), by what they waited on, and a rough step-time ratio against
-CPU eager. Usage: python scripts/cnn_step_waits.py [--steps N] [--model resnet|unet|both]."""
+CPU eager (alternating steps, both at torch's default threads; the first step is left out).
+Usage: python scripts/cnn_step_waits.py [--steps N] [--model resnet|unet|both]."""
 
 from __future__ import annotations
 
@@ -53,29 +54,29 @@ def tiny_unet() -> tuple[torch.nn.Module, callable]:
 MODELS = {"resnet": resnet18_shaped, "unet": tiny_unet}
 
 
-def train(make, device: str, steps: int, count_waits: bool = False):
+def trainer(make, device: str):
+    """A generator: each next() runs one AdamW training step (waiting for the device at its
+    end) and gives (wall seconds, CPU seconds of all the process's threads, waits by reason)."""
     import copy
 
     model, loss_of = make()
     model = copy.deepcopy(model).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    waits_per_step, losses, times = [], [], []
-    for _ in range(steps):
-        if count_waits:
-            torch.neuron.synchronize()
-            ae.reset_counters()
-        start = time.perf_counter()
+    while True:
+        torch.neuron.synchronize()
+        ae.reset_counters()
+        start, start_cpu = time.perf_counter(), time.process_time()
         loss = loss_of(model, device)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        if device != "cpu":
-            torch.neuron.synchronize()
-        times.append(time.perf_counter() - start)
-        if count_waits:
-            waits_per_step.append(dict(ae.counters()["syncs"]))
-        losses.append(loss.detach().cpu())
-    return model, losses, times, waits_per_step
+        loss.item()
+        torch.neuron.synchronize()
+        yield time.perf_counter() - start, time.process_time() - start_cpu, dict(ae.counters()["syncs"])
+
+
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def main() -> None:
@@ -84,19 +85,31 @@ def main() -> None:
     parser.add_argument("--model", choices=["resnet", "unet", "both"], default="both")
     args = parser.parse_args()
     for name in (["resnet", "unet"] if args.model == "both" else [args.model]):
-        make = MODELS[name]
-        _, _, _, waits = train(make, "neuron", args.steps, count_waits=True)
-        steady = waits[-1]
+        # Alternating steps, each device's work finished before the other's starts: a load
+        # that drifts on a shared machine touches both alike.
+        runs = {device: trainer(MODELS[name], device) for device in ("cpu", "neuron")}
+        times, cpu_seconds, waits = {"cpu": [], "neuron": []}, {"cpu": [], "neuron": []}, []
+        for _ in range(args.steps):
+            for device, run in runs.items():
+                seconds, used, syncs = next(run)
+                times[device].append(seconds)
+                cpu_seconds[device].append(used)
+                if device == "neuron":
+                    waits.append(syncs)
         print(f"{name}: waits per step (by reason), first step {sum(waits[0].values())}, last step "
-              f"{sum(steady.values())}:")
-        for why, n in collections.Counter(steady).most_common():
+              f"{sum(waits[-1].values())}:")
+        for why, n in collections.Counter(waits[-1]).most_common():
             print(f"    {n:4d}  {why}")
-        _, _, cpu_times, _ = train(make, "cpu", args.steps)
-        _, _, dev_times, _ = train(make, "neuron", args.steps)
-        cpu_t = sorted(cpu_times[2:])[len(cpu_times[2:]) // 2]
-        dev_t = sorted(dev_times[2:])[len(dev_times[2:]) // 2]
+        cpu_t, dev_t = median(times["cpu"][1:]), median(times["neuron"][1:])
+        ratios = [n / c for n, c in zip(times["neuron"][1:], times["cpu"][1:])]
         print(f"{name}: median step {dev_t * 1e3:.1f} ms neuron vs {cpu_t * 1e3:.1f} ms CPU eager: "
-              f"{dev_t / cpu_t:.2f}x (threads {torch.get_num_threads()})")
+              f"{dev_t / cpu_t:.2f}x; per-round ratios {[round(r, 2) for r in ratios]} "
+              f"(threads {torch.get_num_threads()})")
+        # CPU seconds used (both devices' threads): less sensitive than wall time to other
+        # processes on a shared machine.
+        cpu_used, dev_used = median(cpu_seconds["cpu"][1:]), median(cpu_seconds["neuron"][1:])
+        print(f"{name}: median CPU seconds per step {dev_used:.2f} neuron vs {cpu_used:.2f} CPU eager: "
+              f"{dev_used / cpu_used:.2f}x")
 
 
 if __name__ == "__main__":
