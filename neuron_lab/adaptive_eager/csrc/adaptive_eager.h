@@ -255,6 +255,9 @@ using MetaPtr = std::shared_ptr<const MetaResult>;
 MetaPtr meta_for(const c10::OperatorHandle& op, const OpClass& cls, const c10::IValue* args, size_t n);
 // ---- shape_rules.cpp -------------------------------------------------------------------
 ShapeRule shape_rule_for(const c10::OperatorHandle& op);
+// convolution_rules.cpp: aten::convolution's and convolution_backward's rules (else null).
+// A fresh Tensor return with no metadata is an undefined result (an output_mask's false).
+ShapeRule convolution_shape_rule(const c10::OperatorHandle& op);
 // The dtype of layer and group norm's saved mean and rstd on the CPU: float32 for a
 // reduced-precision input with float32 weight or bias (ATen's param_scalar_type), else
 // the input's.

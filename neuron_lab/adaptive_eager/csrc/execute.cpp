@@ -239,6 +239,12 @@ void Launch::replay_one(Record& r) {
     // Fresh results: copied into the memory the recorder gave them.
     size_t next = 0;
     auto adopt = [&](const at::Tensor& result) {
+      if (next >= r.outputs.size()) {
+        never_record(r.op, "its CPU kernel gave more results than its metadata said");
+        TORCH_CHECK(false, "neuron: ", r.op.schema().operator_name(), "'s CPU kernel returned a result its "
+                    "recorded metadata left undefined. The result was not computed; this op now runs inline, "
+                    "so running the code again gives the right result.");
+      }
       const auto& out = r.outputs[next++];
       if (result.sizes() != out.sizes() || result.scalar_type() != out.scalar_type()) mispredicted(result, out);
       host(out).copy_(result);
@@ -247,10 +253,16 @@ void Launch::replay_one(Record& r) {
       if (r.cls->return_arg[i] >= 0) continue;
       const auto& v = stack[i];
       if (v.isTensor()) {
-        adopt(v.toTensor());
+        if (v.toTensor().defined()) adopt(v.toTensor());  // else one it was not asked for
       } else {
         for (const at::Tensor& t : v.toTensorList()) adopt(t);
       }
+    }
+    if (next != r.outputs.size()) {
+      never_record(r.op, "its CPU kernel left a result undefined that its metadata said it computes");
+      TORCH_CHECK(false, "neuron: ", r.op.schema().operator_name(), "'s CPU kernel left a recorded result "
+                  "undefined. The result was not computed; this op now runs inline, so running the code again "
+                  "gives the right result.");
     }
   } catch (c10::Error& e) {
     e.add_context(failure_context(r));

@@ -13,6 +13,8 @@
 // start with the same op. Both look-ups are indexed, so building a graph costs the same
 // however many graphs are cached.
 #include "adaptive_eager.h"
+
+#include <algorithm>
 #include "storage_state.h"
 
 #include <c10/util/Exception.h>
@@ -130,6 +132,17 @@ class KeyBuilder {
     for (const auto& a : r.args) value(a);
     put(static_cast<int64_t>(r.outputs.size()));
     for (const auto& t : r.outputs) tensor(t);
+    // The FX graph builder pairs each fresh return with a result: one left undefined
+    // (convolution_backward's output_mask) has none.
+    const auto& returns = r.op.schema().returns();
+    size_t fresh = 0;
+    bool lists = false;
+    for (size_t i = 0; i < returns.size() && i < r.cls->return_arg.size(); ++i) {
+      if (r.cls->return_arg[i] >= 0) continue;
+      lists = lists || !is_tensor_type(returns[i].type());
+      ++fresh;
+    }
+    if (!lists && fresh > r.outputs.size()) key.uncompilable = "an op that leaves a result undefined";
   }
 
   void put(int64_t w) { key.words.push_back(w); }

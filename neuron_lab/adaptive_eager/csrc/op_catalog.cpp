@@ -82,9 +82,10 @@ OpClass classify_uncached(const c10::OperatorHandle& op) {
   if (op.hasTag(at::Tag::inplace_view)) return refuse("it changes a tensor's metadata in place");
   // Their meta kernels give other shapes than the CPU kernels for some inputs
   // (batch norm's saved statistics in eval mode, FFTs' onesided lengths,
-  // embedding_bag's offsets buffers).
+  // embedding_bag's offsets buffers). native_batch_norm has a shape rule instead
+  // (shape_rules.cpp), which runs eval mode inline.
   // multilabel_margin_loss's for 1-d inputs: [1] where the CPU gives [].
-  for (const char* name : {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
+  for (const char* name : {"aten::_native_batch_norm_legit",
                            "aten::_native_batch_norm_legit_no_training", "aten::_batch_norm_with_update",
                            "aten::_batch_norm_no_update", "aten::_fft_r2c", "aten::_fft_c2r", "aten::_fft_c2c",
                            "aten::_embedding_bag", "aten::_embedding_bag_forward_only",

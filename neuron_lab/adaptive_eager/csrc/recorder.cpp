@@ -746,7 +746,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     const size_t count = meta->returns[next_fresh++].size();
     if (is_tensor_type(schema.returns()[i].type())) {
-      stack->push_back(r.outputs[next_output++]);
+      // No metadata: a result the op leaves undefined (convolution_backward's output_mask).
+      stack->push_back(count == 0 ? at::Tensor() : r.outputs[next_output++]);
     } else {
       c10::List<at::Tensor> list;
       for (size_t k = 0; k < count; ++k) list.push_back(r.outputs[next_output++]);

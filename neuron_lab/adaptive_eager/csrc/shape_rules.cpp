@@ -209,6 +209,45 @@ std::optional<MetaResult> where_self(const c10::IValue* args, size_t n) {
   return single({{Sizes(sizes->begin(), sizes->end()), Sizes(strides->begin(), strides->end()), dtype}});
 }
 
+// native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum,
+// eps) -> (out, save_mean, save_invstd), in training mode: out row-major in the input's
+// shape and dtype, the statistics [C] in norm_statistics_dtype (the CPU kernel's, checked
+// over float, double and bfloat16, with and without float parameters). Taken where the
+// input is a new tensor's layout and every parameter a [C] vector of one dtype; anything
+// else, and eval mode (whose saved statistics the CPU kernel leaves empty), runs inline.
+std::optional<MetaResult> batch_norm_training(const c10::IValue* args, size_t n) {
+  const at::Tensor* input = tensor_arg(args, n, 0);
+  if (input == nullptr || n != 8 || !args[5].isBool() || !args[5].toBool()) return run_inline();
+  if (!is_float(input->scalar_type()) || input->dim() < 2 || input->numel() == 0 ||
+      input->strides() != c10::IntArrayRef(c10::contiguous_strides(input->sizes()))) {
+    return run_inline();
+  }
+  const int64_t channels = input->size(1);
+  std::optional<c10::ScalarType> param_dtype;
+  int running = 0;
+  for (size_t i = 1; i < 5; ++i) {
+    if (args[i].isNone() || (args[i].isTensor() && !args[i].toTensor().defined())) continue;  // None, boxed either way
+    const at::Tensor* param = tensor_arg(args, n, i);
+    if (param == nullptr || !same_device(*param, *input) || param->dim() != 1 || param->size(0) != channels ||
+        param->stride(0) != 1) {
+      return run_inline();
+    }
+    if (param_dtype && *param_dtype != param->scalar_type()) return run_inline();
+    param_dtype = param->scalar_type();
+    running += i >= 3 ? 1 : 0;
+  }
+  if (running == 1) return run_inline();
+  if (param_dtype && *param_dtype != input->scalar_type() &&
+      !(at::isReducedFloatingType(input->scalar_type()) && *param_dtype == at::kFloat)) {
+    return run_inline();
+  }
+  const auto statistics = norm_statistics_dtype(*input, tensor_arg(args, n, 1), tensor_arg(args, n, 2));
+  const auto running_dtype = norm_statistics_dtype(*input, tensor_arg(args, n, 3), tensor_arg(args, n, 4));
+  if (statistics != running_dtype && param_dtype) return run_inline();
+  return single({contiguous(input->sizes().vec(), input->scalar_type()), contiguous({channels}, running_dtype),
+                 contiguous({channels}, running_dtype)});
+}
+
 // max(self): a 0-dim result of self's dtype; ATen rejects an empty self.
 std::optional<MetaResult> max_all(const c10::IValue* args, size_t n) {
   const at::Tensor* self = tensor_arg(args, n, 0);
@@ -236,11 +275,12 @@ ShapeRule shape_rule_for(const c10::OperatorHandle& op) {
     if (name == "aten::index_select") return index_select;
     if (name == "aten::_scaled_dot_product_flash_attention_for_cpu") return flash_attention_cpu;
     if (name == "aten::max") return max_all;
+    if (name == "aten::native_batch_norm") return batch_norm_training;
   }
   if (name == "aten::masked_fill_" && overload == "Scalar") return masked_fill_scalar_;
   if (name == "aten::arange" && overload == "start_out") return arange_start_out;
   if (name == "aten::where" && overload == "self") return where_self;
-  return nullptr;
+  return convolution_shape_rule(op);
 }
 
 }  // namespace neuron::lazy

@@ -1,7 +1,8 @@
 // The aten kernels the neuron device must implement natively: tensor creation in
 // device memory, copies between devices, metadata-only views, resizing and
-// storage swaps, and the two convolution entry points PyTorch reserves for
-// out-of-tree backends. Everything else goes through the fallback (fallback.cpp).
+// storage swaps, and convolution (its two ops routed to the fallback, and the two entry
+// points PyTorch reserves for out-of-tree backends). Everything else goes through the
+// fallback (fallback.cpp).
 #include "device/csrc/runtime/runtime.h"
 #include "dense_layout.h"
 #include "registrations.h"
@@ -343,7 +344,13 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   allocator()->recordStream(self.storage().data_ptr(), stream);
 }
 
-// ---- convolution: PyTorch routes out-of-tree backends to these two ops ------------
+// ---- convolution ---------------------------------------------------------------------
+// aten::convolution and aten::convolution_backward take the boxed fallback (registered
+// below), as any op with a CPU kernel does: the CPU's composite kernels then run on host
+// memory, with the CPU's checks and bits, and a runtime that records ops can record them
+// (its shape rules size their results). Without that, PyTorch's composite kernels call
+// the two ops it reserves for out-of-tree backends, here: a call that reaches them directly
+// (aten::_convolution) runs the CPU's kernel at once.
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
@@ -487,6 +494,8 @@ void register_native_kernels(torch::Library& m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("convolution_overrideable", TORCH_FN(convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   // SDPA asks through the stub below; a direct call (a dispatch mode, a tracer, a user)
   // would otherwise take the fallback, whose host aliases drop requires_grad.
   m.impl("_fused_sdp_choice", TORCH_FN(sdp_choice));
