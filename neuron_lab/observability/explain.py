@@ -42,7 +42,7 @@ TIME_PARTS = {
                "synchronize, or the end of the cell; queued launches the host ran itself meanwhile "
                "count here; a part of wall",
     "running ops": "host time running ops at once on the calling thread instead of recording them "
-                   "(blocking mode, ops that cannot be recorded, convolutions); a part of wall",
+                   "(blocking mode, ops that cannot be recorded); a part of wall",
     "other": "the rest of wall: your Python code, PyTorch's Python layers, CPU work",
     "device busy": "wall time during which at least one launch ran on some core or stream; it "
                    "overlaps the host's parts (the device runs while the host records), so it is "
