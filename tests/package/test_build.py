@@ -100,3 +100,29 @@ def test_pip_refuses_an_unsupported_python_before_installing_anything(tmp_path: 
     assert f"not CPython {this[0]}.{this[1]}" in output and "-m venv" in output, output
     assert "Collecting" not in output and "No matching distribution" not in output, output
     assert took < 60, f"pip took {took:.0f} s to refuse"
+
+
+# CPython's private names (a leading underscore) change or vanish between minor versions
+# (_Py_IsFinalizing is gone in 3.13): only the files that select them per version may use them.
+FILES_THAT_VERSION_CPYTHON_INTERNALS = {
+    "neuron_lab/device/csrc/tracing/source.cpp",  # frame layouts of 3.11, 3.12 and 3.13
+    "neuron_lab/device/csrc/python/interpreter.h",  # whether the interpreter can still run code
+}
+
+
+def test_private_cpython_names_stay_in_the_files_that_version_them() -> None:
+    private_name = re.compile(r"\b_Py\w+")
+    offenders = []
+    for path in sorted((ROOT / "neuron_lab").rglob("*")):
+        if path.suffix not in {".cpp", ".h"}:
+            continue
+        relative = path.relative_to(ROOT).as_posix()
+        if relative in FILES_THAT_VERSION_CPYTHON_INTERNALS:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            offenders += [f"{relative}:{number}: {name}" for name in private_name.findall(line)]
+    assert not offenders, (
+        "private CPython names outside the files that select them per Python version (they break "
+        "the build on another CPython; ask neuron::python_can_run() or extend those files):\n"
+        + "\n".join(offenders)
+    )

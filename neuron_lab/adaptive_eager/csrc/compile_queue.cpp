@@ -7,6 +7,7 @@
 // arguments as TensorView (a view of one of the storages) or plain Python values, dtypes,
 // layouts and memory formats as torch's own objects.
 #include "adaptive_eager.h"
+#include "device/csrc/python/interpreter.h"
 
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -264,7 +265,7 @@ void request_compile(const std::shared_ptr<Graph>& graph, const std::vector<Reco
 }
 
 bool run_compiled(Graph& graph, const std::vector<c10::Storage>& inputs, const std::vector<c10::ScalarType>& dtypes) {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  if (!neuron::python_can_run()) return false;
   py::gil_scoped_acquire gil;
   try {
     py::list args;

@@ -3,6 +3,7 @@
 // for ops whose meta kernel is torch's Python code, learned from one inline run until
 // that code is loaded anyway (its first call imports torch._dynamo).
 #include "adaptive_eager.h"
+#include "device/csrc/python/interpreter.h"
 
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/accumulate.h>
@@ -233,7 +234,7 @@ MetaCache& meta_cache() {
 bool python_metas_loaded() {
   static std::atomic<bool> loaded{false};
   if (loaded.load(std::memory_order_relaxed)) return true;
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return false;
+  if (!neuron::python_can_run()) return false;
   const PyGILState_STATE gil = PyGILState_Ensure();  // ops run without the GIL
   static PyObject* name = PyUnicode_InternFromString("torch._dynamo");  // kept for the process
   PyObject* module = PyImport_GetModule(name);

@@ -3,6 +3,7 @@
 // through PyTorch itself (torch.accelerator, torch.Stream, torch.Event), which
 // calls the guard, hooks and allocator registered by the other files.
 #include "device/csrc/aten/composite_routes.h"
+#include "interpreter.h"
 #include "python_submodules.h"
 #include "device/csrc/runtime/runtime.h"
 
@@ -67,7 +68,7 @@ void drain_autograd_device_threads() {
 // The Python stack of the calling thread, innermost frame first (as CUDA's
 // snapshots list them). Takes the GIL; the allocator calls it outside its locks.
 neuron::Frames capture_python_stack() {
-  if (!Py_IsInitialized() || _Py_IsFinalizing()) return nullptr;
+  if (!neuron::python_can_run()) return nullptr;
   py::gil_scoped_acquire gil;
   auto frames = std::make_shared<std::vector<neuron::Frame>>();
   PyFrameObject* frame = PyEval_GetFrame();
