@@ -108,6 +108,9 @@ def test_tied_output_layer_stays_tied(name: str) -> None:
 def test_attention_implementations_train_as_the_cpus_eager_attention(name: str, implementation: str) -> None:
     """Each attention implementation on neuron trains as eager attention on the CPU
     (without attention dropout, which each implementation draws its own way, on CUDA too)."""
+    # Dynamo's caches from earlier tests (other shapes of flex_attention) would mark the shapes
+    # dynamic on recompiling, and a dynamic graph takes the async tier: start from a fresh Dynamo.
+    torch._dynamo.reset()
     model = build(name, attention_dropout=0.0)
     kind = MODELS[name].kind
     model.set_attn_implementation("eager")
