@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", default=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), help="compile jobs (MAX_JOBS)")
     parser.add_argument("--keep", action="store_true", help="keep each copy and its venv (about 5.5 GB each)")
     args = parser.parse_args(argv)
+    # Each combination's commands run inside its copy of the tree: relative paths would point there.
+    args.work = args.work.resolve()
+    args.wheels = args.wheels.resolve() if args.wheels else None
 
     results = []
     for python in args.pythons.split(","):
