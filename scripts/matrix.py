@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Result", "core_tests", "find_python", "run_combination", "main"]
+__all__ = ["Result", "core_tests", "find_python", "run_combination", "parse_args", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHONS = ("3.11", "3.12", "3.13")
@@ -233,7 +233,9 @@ def table(results: list[Result]) -> str:
     return "\n".join("| " + " | ".join(row) + " |" for row in rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with --work and --wheels made absolute (each combination's commands run
+    inside its copy of the tree, where a relative path would point elsewhere)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pythons", default=",".join(PYTHONS), help="comma-separated, e.g. 3.11,3.12")
     parser.add_argument("--torches", default=",".join(TORCHES), help="comma-separated, e.g. 2.13.0,2.14.1")
@@ -247,9 +249,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", default=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)), help="compile jobs (MAX_JOBS)")
     parser.add_argument("--keep", action="store_true", help="keep each copy and its venv (about 5.5 GB each)")
     args = parser.parse_args(argv)
-    # Each combination's commands run inside its copy of the tree: relative paths would point there.
     args.work = args.work.resolve()
     args.wheels = args.wheels.resolve() if args.wheels else None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     results = []
     for python in args.pythons.split(","):

@@ -126,3 +126,16 @@ def test_private_cpython_names_stay_in_the_files_that_version_them() -> None:
         "the build on another CPython; ask neuron::python_can_run() or extend those files):\n"
         + "\n".join(offenders)
     )
+
+
+def test_the_matrix_resolves_its_work_folder_before_running_inside_a_tree_copy(monkeypatch) -> None:
+    """CI passes ``--work build/matrix``; each combination's commands run with the copy of the tree
+    as their working folder, so a relative path must be made absolute first."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import matrix
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.chdir(ROOT)
+    args = matrix.parse_args(["--work", "build/matrix", "--wheels", "build/wheels"])
+    assert args.work == ROOT / "build" / "matrix" and args.wheels == ROOT / "build" / "wheels"
