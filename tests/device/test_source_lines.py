@@ -24,25 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from _build_backend import SUPPORTED_PYTHONS  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import matrix  # noqa: E402  (scripts/matrix.py runs without torch; its interpreter finder)
+
 PROBE = Path(__file__).resolve().parents[1] / "source_probe"
 
 
 def find_python(major: int, minor: int) -> str | None:
-    """An interpreter for CPython X.Y that runs: this one, pyenv's newest X.Y, or pythonX.Y on PATH
-    (which may be a pyenv shim that fails when the version is not selected)."""
+    """An interpreter for CPython X.Y that runs: this one, else the matrix script's choice
+    (pyenv's newest X.Y, or pythonX.Y on PATH)."""
     if sys.version_info[:2] == (major, minor):
         return sys.executable
-    versions = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    candidates = sorted(
-        versions.glob(f"{major}.{minor}.*/bin/python{major}.{minor}"),
-        key=lambda p: [int(x) if x.isdigit() else -1 for x in p.parts[-3].split(".")],
-        reverse=True,
-    )
-    on_path = shutil.which(f"python{major}.{minor}")
-    for candidate in [*map(str, candidates), *([on_path] if on_path else [])]:
-        if subprocess.run([candidate, "-c", ""], capture_output=True, timeout=60).returncode == 0:
-            return candidate
-    return None
+    return matrix.find_python(f"{major}.{minor}")
 
 
 def build_probe(python: str, out: Path) -> None:
