@@ -63,7 +63,8 @@ def _run_until_compiled(step, min_steps: int) -> int:
 def _fx_state_is_pristine() -> bool:
     import torch.fx._symbolic_trace as symbolic_trace
 
-    return (not symbolic_trace._is_fx_tracing_flag
+    # is_fx_tracing(): torch 2.13 keeps the flag process-wide, 2.14 per thread.
+    return (not symbolic_trace.is_fx_tracing()
             and nn.Module.__call__ is nn.modules.module.Module._wrapped_call_impl
             and nn.Module.__getattr__ is symbolic_trace._orig_module_getattr)
 
