@@ -190,8 +190,10 @@ class Worker:
         self.proc.wait()
 
 
-def run_steady(workload: str, threads: str, configs: list[str], rounds: int, inner: int, warmup: int) -> dict:
-    """Alternating rounds of ``inner`` steps per config; every config's worker is a fresh process."""
+def run_steady(workload: str, threads: str, configs: list[str], rounds: int, inner: int, warmup: int,
+               settle_s: float = 0.0) -> dict:
+    """Alternating rounds of ``inner`` steps per config; every config's worker is a fresh process.
+    Each turn starts ``settle_s`` after the previous one ended (see ``--settle-ms``)."""
     workers = []
     try:
         first = {}
@@ -203,6 +205,7 @@ def run_steady(workload: str, threads: str, configs: list[str], rounds: int, inn
         for r in range(rounds):
             order = workers[r % len(workers):] + workers[:r % len(workers)]
             for w in order:
+                time.sleep(settle_s)  # between timed regions: the previous worker's idle threads stop spinning
                 samples[w.config].append(w.send(f"run {inner}"))
         rss = {w.config: w.send("quit")["maxrss_kb"] for w in workers}
     finally:
@@ -273,6 +276,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--first-rounds", type=int, default=3, help=f"fresh-process pairs for {FIRST20}")
     parser.add_argument("--compile", action="store_true", help="also time CPU torch.compile (slow to compile)")
+    parser.add_argument("--settle-ms", type=float, default=100.0,
+                        help="pause before each worker's turn (untimed): an idle OpenMP worker of the "
+                             "previous worker's process spins on a core for milliseconds after its last "
+                             "parallel region, and a turn timed meanwhile runs on what is left")
     parser.add_argument("--quick", action="store_true", help="a smoke test: 3 rounds of 1 step, 1 first-20 pair")
     parser.add_argument("--no-pin", action="store_true",
                         help="do not pin an N-thread row's processes to N cores (torch.set_num_threads only)")
@@ -307,7 +314,8 @@ def main() -> int:
                 if workload == FIRST20:
                     results.append(run_first(threads, configs, args.first_rounds))
                 else:
-                    results.append(run_steady(workload, threads, configs, args.rounds, args.inner, args.warmup))
+                    results.append(run_steady(workload, threads, configs, args.rounds, args.inner, args.warmup,
+                                              args.settle_ms / 1000))
             except RuntimeError as e:
                 print(f"#   skipped: {e}", file=sys.stderr)
                 results.append({"workload": workload, "threads": threads, "skipped": str(e)})

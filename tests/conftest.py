@@ -128,6 +128,19 @@ def replay_tier():
 
 
 @pytest.fixture
+def launches_on_device_thread():
+    """For tests of the device thread's own mechanics (wake-ups, hand-offs, its OpenMP
+    workers): launches go to the stream's device thread on any machine. Under ``auto`` a
+    machine whose kernels take every CPU runs them on the host (neuron_lab/device/launches.py)."""
+    from neuron_lab.device.launches import launches_run_on
+
+    torch.neuron.synchronize()
+    with launches_run_on("device_thread"):
+        yield
+    torch.neuron.synchronize()
+
+
+@pytest.fixture
 def no_stray_frees():
     """Exact memory statistics need every free to be the test's own: collect earlier
     tests' garbage (tensors kept alive by reference cycles, e.g. in saved tracebacks)

@@ -12,7 +12,7 @@ import atexit
 import threading
 from typing import Callable
 
-from neuron_lab.device import config
+from neuron_lab.device import config, launches
 
 __all__ = ["register", "is_registered", "on_first_use", "first_use"]
 
@@ -129,6 +129,7 @@ def register() -> None:
         if _registered:
             return
         settings = config.from_environment()
+        runner = launches.from_environment()
         import torch
 
         if _registered:  # torch's autoload registered the device while importing
@@ -137,6 +138,7 @@ def register() -> None:
         _initialize_vector_math()
 
         _C.configure(settings.num_cores, settings.core_memory)
+        _C.set_launch_runner(runner.value)
         _C.trace.set_library_prefixes(_library_prefixes())
         torch.utils.rename_privateuse1_backend(BACKEND_NAME)
 

@@ -196,6 +196,7 @@ def _counters() -> tuple[int, int, int]:
     return ae.counters()["launches"], device["launches_run_by_waiting_host"], device["device_thread_wakeups"]
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_a_host_read_runs_the_launch_it_waits_for_without_waking_the_device_thread() -> None:
     """The flush before a host read does not hand its launch to the device thread: the
     host is about to wait for it, and runs it itself (a thread hand-off, or two, fewer
@@ -211,6 +212,7 @@ def test_a_host_read_runs_the_launch_it_waits_for_without_waking_the_device_thre
     assert (launched, by_host, wakeups) == (40, 40, 0)
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_a_host_read_that_flushes_two_devices_wakes_both_device_threads() -> None:
     """A read on neuron:0 also flushes what neuron:1 recorded: the host runs neuron:0's
     launch, and neuron:1's device thread is woken at once for its own (not after the
@@ -245,6 +247,7 @@ def _launch_on_the_device_thread(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_a_device_thread_finishes_a_launch_while_the_host_holds_the_gil() -> None:
     """A device thread leaves the launch it ran to a host thread to drop: dropping a launch
     drops its references to tensors Python also holds, which takes the GIL. With the host's
@@ -268,6 +271,7 @@ def test_a_device_thread_finishes_a_launch_while_the_host_holds_the_gil() -> Non
     torch.testing.assert_close(y.cpu(), (x.cpu() * 2 + 1).sin(), rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_the_host_drops_what_a_device_thread_ran_at_its_next_wait() -> None:
     """The tensors a finished launch held live until the host's next wait (or op), then go:
     memory statistics read after a wait count their frees."""

@@ -145,7 +145,8 @@ def test_an_idle_device_thread_gives_its_openmp_workers_back() -> None:
             time.sleep(0.001)
         assert out["c"][0, 0].item() == 2048.0
         print(base, peak, count())
-        """
+        """,
+        env={"NEURON_LAB_LAUNCH_RUNNER": "device_thread"},  # the workers of the device thread
     )
     assert result.returncode == 0, result.stderr
     base, peak, after = map(int, result.stdout.split())
@@ -155,6 +156,7 @@ def test_an_idle_device_thread_gives_its_openmp_workers_back() -> None:
     assert after <= base, f"the idle device thread kept its workers: {after} threads, {base} before"
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_background_launches_use_the_recording_threads_count_so_reductions_keep_their_bits() -> None:
     """ATen splits a large reduction across its intra-op threads, so a sum's bits depend on
     the thread count. A launch the device thread runs while the host is not waiting (here it

@@ -250,6 +250,28 @@ PYBIND11_MODULE(_C, m) {
       },
       "(ops that run their CPU kernel in place of their CompositeImplicitAutograd decomposition, "
       "{op: why it keeps its decomposition}).");
+  m.def(
+      "set_launch_runner",
+      [](const std::string& name) {
+        const neuron::LaunchRunner runner = name == "host"            ? neuron::LaunchRunner::Host
+                                            : name == "device_thread" ? neuron::LaunchRunner::DeviceThread
+                                            : name == "auto"          ? neuron::LaunchRunner::Auto
+                                                                      : throw py::value_error(name);
+        neuron::set_launch_runner(runner);
+      },
+      "Where launches run: 'auto', 'device_thread' or 'host' (neuron_lab/device/launches.py).");
+  m.def(
+      "launch_runner",
+      []() -> std::string {
+        switch (neuron::launch_runner()) {
+          case neuron::LaunchRunner::Host: return "host";
+          case neuron::LaunchRunner::DeviceThread: return "device_thread";
+          case neuron::LaunchRunner::Auto: break;
+        }
+        return "auto";
+      });
+  m.def("host_runs_launches", &neuron::host_runs_launches, py::arg("intra_op_threads"),
+        "Whether a launch whose kernels use this many threads runs on the host thread that launches it.");
   m.def("counters", []() {
     py::dict d;
     for (const auto& [name, value] : neuron::op_counters().read()) d[name] = value;

@@ -21,6 +21,7 @@
 #include <deque>
 #include <mutex>
 #include <pthread.h>
+#include <sched.h>
 #include <thread>
 
 namespace neuron {
@@ -469,10 +470,43 @@ void start_device_thread(c10::DeviceIndex device) {
   start_thread_locked(s);
 }
 
+namespace {
+void wait_until_done(StreamState& s, uint64_t seq, std::atomic<uint64_t>& host_runs_counter);
+
+// The CPUs this process may run on (its affinity mask), read once.
+int usable_cpus() {
+  static const int count = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) return static_cast<int>(std::thread::hardware_concurrency());
+    return CPU_COUNT(&set);
+  }();
+  return count;
+}
+
+std::atomic<LaunchRunner> g_launch_runner{LaunchRunner::Auto};
+}  // namespace
+
+LaunchRunner launch_runner() { return g_launch_runner.load(std::memory_order_relaxed); }
+void set_launch_runner(LaunchRunner runner) { g_launch_runner.store(runner, std::memory_order_relaxed); }
+
+bool host_runs_launches(int intra_op_threads) {
+  switch (launch_runner()) {
+    case LaunchRunner::Host: return true;
+    case LaunchRunner::DeviceThread: return false;
+    case LaunchRunner::Auto: break;
+  }
+  // Kernels that take every usable core leave none for a host that records meanwhile: the
+  // host thread and the kernels' OpenMP team would then share cores, and a parallel region
+  // waits for its slowest thread. Running the launch on the host costs no overlap there.
+  return intra_op_threads >= usable_cpus();
+}
+
 uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
   check_not_forked();
   uint64_t seq;
   if (work.intra_op_threads == 0) work.intra_op_threads = at::get_num_threads();
+  const bool host_runs = !tl_on_device_thread && !inline_if_idle && host_runs_launches(work.intra_op_threads);
   // Back-pressure: like a GPU's launch queue, a stream holds a bounded number
   // of launches; a host that runs too far ahead waits (without the GIL).
   if (!on_device_thread() && s.queued_ops.load() >= kMaxQueuedOps) {
@@ -497,11 +531,16 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
       s.enqueued.fetch_add(1);
       return s.completed.fetch_add(1) + 1;
     }
-    start_thread_locked(s);
+    if (!host_runs) start_thread_locked(s);
     s.queued_ops.fetch_add(work.ops);
     g_launches_in_flight.fetch_add(1, std::memory_order_acq_rel);
     s.queue.push_back(std::move(work));
     seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
+  }
+  if (host_runs) {
+    // As a wait would run it (its error stays on the stream for the next wait), now.
+    wait_until_done(s, seq, op_counters().launches_run_by_host);
+    return seq;
   }
   if (tl_defer_wakeups && !tl_on_device_thread) {
     if (tl_unwoken_stream == nullptr || tl_unwoken_stream == &s) {
@@ -535,7 +574,8 @@ HostRunsWhatItWaitsFor::~HostRunsWhatItWaitsFor() {
 namespace {
 // Waits (releasing the GIL) until the stream has executed launch `seq`; its error, if
 // any, stays on the stream.
-void wait_until_done(StreamState& s, uint64_t seq) {
+// host_runs_counter counts the launches this host thread runs itself.
+void wait_until_done(StreamState& s, uint64_t seq, std::atomic<uint64_t>& host_runs_counter) {
   if (s.completed.load(std::memory_order_acquire) < seq) {
     GilRelease no_gil;
     std::unique_lock<std::mutex> lock(s.mutex);
@@ -550,7 +590,7 @@ void wait_until_done(StreamState& s, uint64_t seq) {
         lock.unlock();
         {
           ActAsDeviceThread as_device;
-          op_counters().launches_run_by_waiting_host.fetch_add(1, std::memory_order_relaxed);
+          host_runs_counter.fetch_add(1, std::memory_order_relaxed);
           execute(&s, work, skip);
         }
         lock.lock();
@@ -573,7 +613,7 @@ void wait_until_done(StreamState& s, uint64_t seq) {
 }  // namespace
 
 void wait_for(StreamState& s, uint64_t seq) {
-  wait_until_done(s, seq);
+  wait_until_done(s, seq, op_counters().launches_run_by_waiting_host);
   release_finished_work();  // what the launches waited for held: memory statistics read next count its frees
   std::exception_ptr error;
   {
@@ -621,7 +661,7 @@ void finish_all_work(Reason reason) {
     interceptor().flush_device(d, reason);
     for (int64_t id = 0; id < num_streams(d); ++id) {
       auto& s = stream_state(make_stream(d, static_cast<c10::StreamId>(id)));
-      wait_until_done(s, stream_enqueued(s));
+      wait_until_done(s, stream_enqueued(s), op_counters().launches_run_by_waiting_host);
     }
   }
   release_finished_work();

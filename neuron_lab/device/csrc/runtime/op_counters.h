@@ -23,6 +23,7 @@ struct OpCounters {
   std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a fast host kernel from the table (boxed)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
   std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
+  std::atomic<uint64_t> launches_run_by_host{0};  // run by the host as it launched them (host_runs_launches)
   std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
   std::atomic<uint64_t> launches_dropped_by_host{0};  // launches a device thread ran, dropped by a host (release_finished_work)
   // Fast host kernels run at once (the unboxed path): each is also a fallback, an unboxed and a
@@ -44,6 +45,7 @@ struct OpCounters {
         {"host_kernel_ops", host_kernel_ops.load() + at_once},
         {"aliases_recycled", aliases_recycled.load()},
         {"launches_run_by_waiting_host", launches_run_by_waiting_host.load()},
+        {"launches_run_by_host", launches_run_by_host.load()},
         {"device_thread_wakeups", device_thread_wakeups.load()},
         {"launches_dropped_by_host", launches_dropped_by_host.load()},
     };

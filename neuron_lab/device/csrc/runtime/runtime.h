@@ -110,6 +110,13 @@ class SingleThreadedKernels {
   int previous_;          // OpenMP's
   int previous_mkl_ = 0;  // MKL's
 };
+// Where launches run. Auto: on the host thread that launches them where their kernels'
+// threads (torch.get_num_threads()) take every CPU the process may use, else on the
+// stream's device thread, which overlaps them with the host's recording.
+enum class LaunchRunner : uint8_t { Auto, DeviceThread, Host };
+LaunchRunner launch_runner();
+void set_launch_runner(LaunchRunner runner);
+bool host_runs_launches(int intra_op_threads);
 // Enqueues on a stream and returns the launch's sequence number.
 // inline_if_idle: a stream with nothing queued runs the work at once, on the
 // caller's thread (event markers: an idle stream's event is complete at once).
