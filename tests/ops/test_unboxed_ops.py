@@ -330,3 +330,64 @@ def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None
         w = torch.randn(4, requires_grad=True, device="neuron")
         (results["softmax"] * w).sum().backward()
         assert torch.equal(w.grad.cpu(), a_cpu.softmax(-1).sum(0))
+
+
+# ---- inputs the CPU kernel must not see, and layouts it chooses (kept from the fast host -----
+# ---- kernels' tests when those kernels were removed, issue 47) -------------------------------
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "eager", "blocking"])
+def test_max_and_min_of_an_empty_tensor_raise_as_the_cpu_once_python_metas_are_loaded(mode: str) -> None:
+    """With torch._dynamo loaded (any torch.compile earlier in a session), the runtime records
+    max() and min() from their Python meta kernels, which take an empty tensor; the out= twins
+    a graph replays do not check it and gave the reduction's identity (INT64_MIN) where the CPU
+    raises. The check is made at the op (unboxed_ops.cpp's InputCheck)."""
+    import torch._dynamo  # noqa: F401  (what makes the Python metas used)
+
+    with neuron_lab.mode(mode):
+        for reduce in (torch.max, torch.min):
+            for dtype in (torch.int64, torch.float32):
+                empty = torch.empty(0, dtype=dtype, device="neuron")
+                with pytest.raises(RuntimeError, match=rf"{reduce.__name__}\(\): Expected reduction dim"):
+                    reduce(empty).cpu()
+        x = torch.tensor([3, -2, 7], device="neuron")
+        assert (x.max().item(), x.min().item()) == (7, -2)  # the runtime goes on
+
+
+def test_safe_softmax_of_fully_masked_rows_equals_the_cpu(mode: str) -> None:
+    """scaled_dot_product_attention's math path checks every row of scores (isneginf, all,
+    where): rows that attend to nothing give zeros, not NaN, and a NaN row stays NaN."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 16, 8, generator=g) for _ in range(3))
+    mask = torch.rand(2, 1, 16, 16, generator=g) > 0.3
+    mask[:, :, 5] = False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    for _ in range(3):  # recorded, then replayed from the graph cache
+        got = F.scaled_dot_product_attention(*(t.to("neuron") for t in (q, k, v)), attn_mask=mask.to("neuron"))
+        assert torch.equal(got.cpu(), expected)
+    scores = torch.randn(4, 6, generator=g)
+    scores[1] = float("-inf")
+    scores[2, 3] = float("nan")
+    scores[3, :5] = float("-inf")
+    expected = torch.ops.aten._safe_softmax(scores, -1)
+    for _ in range(3):
+        assert same_bits(torch.ops.aten._safe_softmax(scores.to("neuron"), -1).cpu(), expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_on_grouped_head_layouts_equals_the_cpu(mode: str, causal: bool) -> None:
+    """The CPU's flash-attention kernel on the device's tensors: one query (a decode step) and
+    several, grouped heads' layouts (transposed from [batch, length, heads, dim]), a float mask;
+    results and their strides as the CPU's, bit for bit."""
+    g = torch.Generator().manual_seed(32)
+    for batch, heads, q_len, kv_len, dim in [(1, 4, 1, 9, 8), (2, 2, 5, 5, 16), (1, 4, 1, 300, 8), (1, 2, 7, 7, 64)]:
+        q, k, v = (torch.randn(batch, n, heads, dim, generator=g).transpose(1, 2) for n in (q_len, kv_len, kv_len))
+        masks = [None] if causal else [None, torch.randn(batch, 1, q_len, kv_len, generator=g)]
+        for mask in masks:
+            expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+            on_device = [torch.empty_strided(t.shape, t.stride(), device="neuron").copy_(t) for t in (q, k, v)]
+            device_mask = None if mask is None else mask.to("neuron")
+            got = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*on_device, 0.0, causal, attn_mask=device_mask)
+            for e, r in zip(expected, got):
+                assert r.device.type == "neuron" and r.stride() == e.stride(), (q.shape, k.shape)
+                assert same_bits(r.cpu(), e), (q.shape, k.shape, mask is not None)
