@@ -135,7 +135,8 @@ def thread_phases() -> dict[str, int]:
     """The calling thread's host time so far, each moment counted once (the innermost
     activity wins): ``recording_ns`` (recording ops and building launches), ``waiting_ns``
     (blocked on the device, running the launches it waits for included) and
-    ``running_ops_ns`` (ops run at once on this thread). The rest of a region's wall time
+    ``running_ops_ns`` (ops run at once on this thread, and launches it ran as it made them:
+    ``neuron_lab.device.launches``). The rest of a region's wall time
     on this thread is the user's own code."""
     return dict(_native.thread_phases())
 

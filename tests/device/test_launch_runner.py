@@ -12,7 +12,7 @@ import torch
 import neuron_lab
 from neuron_lab import adaptive_eager as ae
 from neuron_lab.device import launches
-from neuron_lab.device.trace import device_counters
+from neuron_lab.device.trace import device_counters, thread_phases, totals
 
 from conftest import run_python
 
@@ -121,3 +121,23 @@ def test_the_environment_chooses_the_runner_at_import() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "device_thread"
+
+
+def test_a_launch_the_host_runs_counts_as_running_ops_not_recording() -> None:
+    """The per-cell line's parts stay what they say: the time the host spends running a
+    launch it just made is running ops, and the recording that made it stays small."""
+    launches.set_launch_runner("host")
+    x = torch.randn(384, 384, device="neuron")
+    torch.neuron.synchronize()
+    phases, recorded = thread_phases(), totals()["record_ns"]
+    for _ in range(3):
+        y = x
+        for _ in range(8):
+            y = (y @ x).tanh()
+        ae.flush()
+    ran = thread_phases()["running_ops_ns"] - phases["running_ops_ns"]
+    recording = thread_phases()["recording_ns"] - phases["recording_ns"]
+    record_total = totals()["record_ns"] - recorded
+    assert ran > 5 * recording, (ran, recording)
+    assert ran > 5 * record_total, (ran, record_total)
+    torch.neuron.synchronize()

@@ -538,7 +538,9 @@ uint64_t enqueue(StreamState& s, Work work, bool inline_if_idle) {
     seq = s.enqueued.fetch_add(1, std::memory_order_acq_rel) + 1;
   }
   if (host_runs) {
-    // As a wait would run it (its error stays on the stream for the next wait), now.
+    // As a wait would run it (its error stays on the stream for the next wait), now; the
+    // host's time goes to running ops, not to the recording that made the launch.
+    trace::PhaseScope running(trace::HostPhase::RunningOps);
     wait_until_done(s, seq, op_counters().launches_run_by_host);
     return seq;
   }
