@@ -30,10 +30,10 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
 
 BUILT_WITH = Path("neuron_lab/device/_built_with.py")
 
-# The device runtime and the adaptive-eager recorder build into one extension. Every .cpp
-# under these folders is a source (the device's csrc has a folder per layer); sources
-# include each other from the package root ("device/csrc/runtime/runtime.h").
-CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc")]
+# The device runtime, the adaptive-eager recorder and the fast host kernels build into one
+# extension. Every .cpp under these folders is a source (the device's csrc has a folder per
+# layer); sources include each other from the package root ("device/csrc/runtime/runtime.h").
+CSRC_DIRS = [Path("neuron_lab/device/csrc"), Path("neuron_lab/adaptive_eager/csrc"), Path("neuron_lab/fastpath/csrc")]
 
 # kineto's headers (torch ships them): torch.profiler's PrivateUse1 activity profiler
 # (neuron_lab/device/csrc/tracing/kineto_plugin.cpp) implements its interface.

@@ -1,8 +1,9 @@
 """The named workloads of issue 47's speed targets, built on any device: each builder returns
 ``step()``, one unit of work (a training step, or one 24-token generation).
 
-Used by ``bench_training.py`` (the device against CPU eager). Every device gets the same
-weights and inputs: they are made on the CPU from fixed seeds, then moved with ``.to(device)``.
+Shared by ``bench_training.py`` (the device against CPU eager) and ``bench_fastpath.py`` (fast
+host kernels on against off). Every device gets the same weights and inputs: they are made on
+the CPU from fixed seeds, then moved with ``.to(device)``.
 
 ResNet-18 is transformers' ``ResNetForImageClassification`` with basic blocks 2-2-2-2 and
 BatchNorm (torchvision's network; torchvision's wheel here is a CUDA build and does not import).

@@ -12,9 +12,11 @@ _register()
 
 from neuron_lab import adaptive_eager as _adaptive_eager  # noqa: E402
 from neuron_lab import distributed as _distributed  # noqa: E402
+from neuron_lab import fastpath as _fastpath  # noqa: E402
 from neuron_lab import integrations as _integrations  # noqa: E402
 from neuron_lab.device.registration import on_first_use as _on_first_use  # noqa: E402
 
+_fastpath.start()  # fast host kernels: NEURON_LAB_FASTPATH, and the torch versions they were validated on
 _adaptive_eager.start()  # the runtime that records ops on the device
 _distributed.register_backend()  # init_process_group("neuron")
 _integrations.install_at_import()

@@ -23,6 +23,7 @@ download, timed apart from the install), which pip then installs from.
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import shutil
 import subprocess
@@ -102,6 +103,16 @@ def core_tests(root: Path = ROOT) -> list[str]:
     return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
+def fastpath_validated(root: Path = ROOT) -> tuple[str, ...]:
+    """The torch release series the fast path was validated on (``VALIDATED_TORCH``), read
+    from its source: this script runs without torch."""
+    source = (root / "neuron_lab" / "fastpath" / "__init__.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "VALIDATED_TORCH":
+            return tuple(ast.literal_eval(node.value))
+    raise RuntimeError("neuron_lab/fastpath/__init__.py no longer sets VALIDATED_TORCH")
+
+
 def copy_tree(dest: Path) -> None:
     """The working tree as git sees it (tracked and untracked, not ignored files)."""
     files = subprocess.run(
@@ -160,6 +171,11 @@ def run_combination(python: str, torch: str, work: Path, wheels: Path, suite: st
     env = {**os.environ, "PYTHON": interpreter, "NEURON_LAB_TORCH": f"torch=={torch}",
            "NEURON_LAB_SKIP_CHROMIUM": "1", "MAX_JOBS": jobs}
     env.pop("PYTHONPATH", None)
+    # On a torch the fast path was not validated on, it turns itself off with a warning at
+    # import (neuron_lab/fastpath); saying "off" is the same state without the warning, which
+    # the tests of a clean first import would otherwise see.
+    if ".".join(torch.split(".")[:2]) not in fastpath_validated(tree):
+        env.setdefault("NEURON_LAB_FASTPATH", "off")
 
     # torch's wheels, once per Python and torch: what a new machine downloads. Without
     # (--no-download) pip installs torch straight from its configured indexes.

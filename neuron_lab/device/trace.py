@@ -176,7 +176,11 @@ def device_counters() -> dict[str, int]:
     ``device_to_device_bytes`` (copies), ``fallback_ops`` (ops run by the CPU fallback),
     ``unboxed_ops`` (of those, the hot ops that skipped boxing their arguments), ``output_copies``,
     ``bulk_bernoulli_elements`` (``bernoulli_`` elements drawn a state twist at a time: ATen's
-    draws, faster), ``aliases_recycled`` (host aliases of the unboxed path re-pointed at a new
+    draws, faster), ``host_kernel_ops`` (ops run by a host kernel faster than ATen's, with
+    its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``, and a decoding loop's
+    small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``argmax``, ``eq``,
+    ``any``, ``max``, ``isin``, ``cat``, ``index_select``, ``clone``, matmuls and layer norms run
+    at once), ``aliases_recycled`` (host aliases of the unboxed path re-pointed at a new
     tensor instead of made anew), ``launches_run_by_waiting_host`` (launches a host thread ran
     itself while it waited for them, instead of handing them to the stream's device thread),
     ``device_thread_wakeups`` (wake-up calls to device threads for queued work) and

@@ -22,7 +22,7 @@ class CompareMagics(Magics):
     @magic_arguments()
     @argument("--against", default="cpu", metavar="REFERENCE",
               help="the reference: cpu (default), replay (the compiled tier against replay), float32 (the cell "
-                   "under torch.autocast against float32)")
+                   "under torch.autocast against float32), fastpath-off")
     @argument("--dtype", default="bfloat16", choices=_DTYPES, help="autocast's dtype for --against float32")
     @argument("--rtol", type=float, default=None, help="relative tolerance (default: torch.testing's per dtype)")
     @argument("--atol", type=float, default=None, help="absolute tolerance (default: torch.testing's per dtype)")

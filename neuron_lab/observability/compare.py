@@ -11,6 +11,7 @@ shapes and the size of the difference. The references:
 ``replay``      adaptive eager's compiled tier (TorchInductor code for the fused graphs)
                 against its replay tier (the CPU kernels, op by op): ``configure(compile=...)``
 ``float32``     the code under ``torch.autocast("neuron", dtype)`` against the same without
+``fastpath-off`` the device's fast host kernels off (needs a build with that switch)
 ==============  ==========================================================================
 
 How, in one process: each run gets its own copy of the inputs (``args``, or the variables a
@@ -54,6 +55,7 @@ AGAINST = {
     "cpu": "the CPU: the same code with its devices and tensors moved to the CPU",
     "replay": "adaptive eager's replay tier (CPU kernels op by op) against its compiled tier (TorchInductor)",
     "float32": "float32: the same code without torch.autocast (the subject runs under autocast)",
+    "fastpath-off": "the device's fast host kernels switched off",
 }
 _DEFAULT_BUDGET_BYTES = 1 << 30  # results kept per run; later ops are not recorded
 _SHOWN_DIFFERENCES = 10
@@ -217,6 +219,10 @@ def _sides(against: str, dtype: torch.dtype) -> tuple[_Side, _Side, list[str]]:
         return (_Side("compiled tier", context=lambda: tier(True), warm_up=True),
                 _Side("replay tier", context=lambda: tier(False)),
                 ["the compiled tier compiles the graphs of a first, unrecorded run before the compared one"])
+    if against == "fastpath-off":
+        raise ValueError("against='fastpath-off' needs a switch for the device's fast host kernels, which this "
+                         "build does not have (NEURON_LAB_FASTPATH arrives with the device-layer rework, issue 47); "
+                         f"compare against one of {', '.join(k for k in AGAINST if k != 'fastpath-off')}")
     raise ValueError(f"against={against!r}: compare against one of {', '.join(AGAINST)}")
 
 

@@ -108,9 +108,7 @@ def test_the_compiled_tier_against_replay() -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="compare against one of cpu, replay, float32"):
         neuron_lab.compare(lambda: None, against="gpu")
-    # The fast host kernels were removed (issue 47): their reference is an unknown one, named
-    # with the choices there are.
-    with pytest.raises(ValueError, match=r"^against='fastpath-off': compare against one of cpu, replay, float32$"):
+    with pytest.raises(ValueError, match="issue 47"):
         neuron_lab.compare(lambda: None, against="fastpath-off")
     with pytest.raises(ValueError, match="rtol must be a number >= 0"):
         neuron_lab.compare(lambda: None, rtol=-1)
@@ -143,7 +141,7 @@ def test_the_magic_names_the_cell_line(ip: InteractiveShell) -> None:
 
 @pytest.mark.parametrize("line, message", [
     ("--against gpu", "compare against one of"),
-    ("--against fastpath-off", "--against fastpath-off: compare against one of cpu, replay, float32"),
+    ("--against fastpath-off", "issue 47"),
     ("--rtol -1", "--rtol must be a number >= 0"),
     ("-o 1x", "-o needs a variable name"),
 ])

@@ -128,15 +128,16 @@ def test_the_python_device_layer_imports_nothing_above_it() -> None:
 
 
 # The modules above the device that may use the extension, and the submodule each owns: the
-# runtime's C++ half (_C.adaptive) is compiled into it.
-NATIVE_OWNERS = {"neuron_lab/adaptive_eager/_native.py": "adaptive"}
+# runtime's C++ half (_C.adaptive) and the fast host kernels (_C.fast_path) are compiled
+# into it.
+NATIVE_OWNERS = {"neuron_lab/adaptive_eager/_native.py": "adaptive", "neuron_lab/fastpath/_native.py": "fast_path"}
 
 
 def test_only_the_device_layer_imports_its_extension() -> None:
     """The layers above the device use its public Python modules (``device.trace``,
     ``device.host_kernels``, ``device.streams``, ``torch.neuron``) and the runtime's
     package API, never ``neuron_lab.device._C``; adaptive eager reaches its own native
-    half through ``adaptive_eager/_native.py`` alone."""
+    half through ``adaptive_eager/_native.py`` alone, the fast path through ``fastpath/_native.py``."""
     package = ROOT / "neuron_lab"
     offending = []
     for path in sorted(package.rglob("*.py")):

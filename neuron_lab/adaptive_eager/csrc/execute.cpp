@@ -218,7 +218,7 @@ void Launch::replay_one(Record& r) {
       HeldWarnings held;
       {
         c10::WarningUtils::WarningHandlerGuard hold(&held);
-        r.cls->out_twin->redispatchBoxed(kCpuKeys, &stack);
+        run_host_kernel(*r.cls->out_twin, &stack);
       }
       bool kept = true;
       for (size_t k = 0; k < outs.size(); ++k) {
@@ -235,7 +235,7 @@ void Launch::replay_one(Record& r) {
       hosts.clear();
     }
     auto stack = arguments();
-    r.op.redispatchBoxed(kCpuKeys, &stack);
+    run_host_kernel(r.op, &stack);
     // Fresh results: copied into the memory the recorder gave them.
     size_t next = 0;
     auto adopt = [&](const at::Tensor& result) {

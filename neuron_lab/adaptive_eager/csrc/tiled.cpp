@@ -151,7 +151,7 @@ class TileCursor {
   // Runs the tile of the run's `k`-th record.
   void run(const Record& r, size_t k) {
     torch::jit::Stack stack = stacks_[k];
-    (r.cls->out_twin.has_value() ? *r.cls->out_twin : r.op).redispatchBoxed(kCpuKeys, &stack);
+    run_host_kernel(r.cls->out_twin.has_value() ? *r.cls->out_twin : r.op, &stack);
   }
 
  private:

@@ -1,6 +1,4 @@
-// What code that reads a tensor's bytes directly (a copy between tensors of one layout,
-// kernels.cpp) or predicts the layout of an elementwise result (adaptive eager's shape rules)
-// checks of a tensor's layout.
+// What host kernels that read a tensor's bytes directly check of its layout.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,8 +18,9 @@ inline bool bytes_are_values(const at::Tensor& t) {
          !t._is_zerotensor();
 }
 
-// Row-major strides, size-1 dims included (is_contiguous() ignores theirs): TensorIterator
-// keeps row-major order for an elementwise result of such operands.
+// Row-major strides, size-1 dims included (is_contiguous() ignores theirs): host kernels
+// that read such a tensor element by element in order, and make their result the same
+// way, give the strides ATen's kernel gives.
 inline bool row_major(const at::Tensor& t) {
   int64_t expected = 1;
   for (int64_t d = t.dim() - 1; d >= 0; --d) {
@@ -79,6 +78,21 @@ inline c10::SmallVector<int64_t, 6> row_major_strides(c10::IntArrayRef sizes) {
     contiguous *= std::max<int64_t>(sizes[d], 1);
   }
   return strides;
+}
+
+// How often t repeats over a result of `sizes` (numel elements), read as dense row-major
+// memory (dense_row_major): numel when it is as big, 1 for one element, its own numel when
+// it is a block of the result's trailing dims; 0 when a kernel cannot read it so. The
+// result's layout for such operands is elementwise_result_strides()'s.
+inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel) {
+  const int64_t n = t.numel();
+  if (n == 1) return 1;
+  if (!dense_row_major(t)) return 0;
+  if (n == numel) return n;  // it broadcasts to the result with no dim repeated: the same order
+  c10::IntArrayRef own = t.sizes();
+  while (!own.empty() && own.front() == 1) own = own.slice(1);
+  if (own.size() > sizes.size() || sizes.slice(sizes.size() - own.size()) != own) return 0;
+  return n;
 }
 
 // TensorIterator's reorder_dimensions: the dims of an iteration over `sizes`, innermost

@@ -437,7 +437,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     LaunchScope launch(device, schema.operator_name().name.c_str(), /*synced=*/true);
-    op.redispatchBoxed(kCpuKeys, stack);
+    run_host_kernel(op, stack);
   }
   op_counters().fallback_ops += 1;
   call.write_back();

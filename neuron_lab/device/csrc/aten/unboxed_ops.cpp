@@ -13,11 +13,16 @@
 // its arguments straight from the caller's references, and maps the results back as
 // the fallback does. Otherwise, or when an argument is not a neuron tensor of one
 // device, it boxes the call and hands it to the fallback, which may record it: the
-// same results either way, since both run the same CPU kernel on the same memory.
+// same results either way, since both run the same CPU kernel on the same memory. Where the
+// table of fast host kernels (host_kernel_table.h) holds one for the op that takes the call,
+// it runs in place of the CPU kernel, with the CPU kernel's bits.
 #include "registrations.h"
+#include "host_kernel_table.h"
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
 
+#include <ATen/EmptyTensor.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -31,9 +36,13 @@
 #include <ATen/ops/bitwise_not_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bitwise_or_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/clone_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cos_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -52,6 +61,7 @@
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
 #include <ATen/ops/any_ops.h>
@@ -63,6 +73,7 @@
 #include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/cat_ops.h>
+#include <ATen/ops/clone_ops.h>
 #include <ATen/ops/cos_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/eq_ops.h>
@@ -92,6 +103,8 @@
 #include <torch/library.h>
 
 #include <array>
+#include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -315,6 +328,105 @@ struct Results<std::tuple<T...>> {
   }
 };
 
+// ---- fast host kernels (host_kernel_table.h) -----------------------------------------------
+
+// Validate mode: ATen's CPU kernel runs on the same inputs after a fast kernel took the call,
+// and the results must be the same bits. The inputs it reads are host views of the caller's
+// (ready: the fast kernel just read them); what the op writes (fill_'s self, arange's out=)
+// ATen writes into a fresh CPU tensor of its layout; a device argument naming a neuron core
+// names the CPU.
+template <class A>
+struct ReferenceArg {
+  explicit ReferenceArg(A value) : value(value) {}
+  A get() { return value; }
+  A value;
+};
+template <>
+struct ReferenceArg<const at::Tensor&> {
+  explicit ReferenceArg(const at::Tensor& t) : host(host_view(t)) {}
+  const at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct ReferenceArg<at::Tensor&> {
+  explicit ReferenceArg(at::Tensor& t)
+      : host(at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU))) {}
+  at::Tensor& get() { return host; }
+  at::Tensor host;
+};
+template <>
+struct ReferenceArg<const std::optional<at::Tensor>&> {
+  explicit ReferenceArg(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) host = host_view(*t);
+  }
+  const std::optional<at::Tensor>& get() { return host; }
+  std::optional<at::Tensor> host;
+};
+template <>
+struct ReferenceArg<const at::ITensorListRef&> {
+  explicit ReferenceArg(const at::ITensorListRef& list) {
+    for (const at::Tensor& t : list) hosts.push_back(host_view(t));
+  }
+  at::ITensorListRef get() { return at::ITensorListRef(at::ArrayRef<at::Tensor>(hosts)); }
+  std::vector<at::Tensor> hosts;
+};
+template <>
+struct ReferenceArg<std::optional<c10::Device>> {
+  explicit ReferenceArg(std::optional<c10::Device> d) : value(d) {
+    if (value.has_value() && value->type() == kNeuron) value = c10::Device(c10::kCPU);
+  }
+  std::optional<c10::Device> get() { return value; }
+  std::optional<c10::Device> value;
+};
+
+// A kernel's results as host tensors, in order, beside ATen's.
+inline void collect_results(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(host_view(t)); }
+inline void collect_results(std::vector<at::Tensor>& out, const std::reference_wrapper<at::Tensor>& t) {
+  out.push_back(host_view(t.get()));
+}
+template <class... T>
+void collect_results(std::vector<at::Tensor>& out, const std::tuple<T...>& results) {
+  std::apply([&](const auto&... r) { (collect_results(out, r), ...); }, results);
+}
+inline void collect_expected(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+template <class... T>
+void collect_expected(std::vector<at::Tensor>& out, const std::tuple<T...>& results) {
+  std::apply([&](const auto&... r) { (collect_expected(out, r), ...); }, results);
+}
+
+template <class Op, class Value, class R, class... A>
+void validate_at_once(const TypedHostKernel& entry, const Value& result, A&... args) {
+  const std::string inputs = describe_inputs(c10::impl::boxArgs<A...>(args...));
+  std::tuple<ReferenceArg<A>...> reference{ReferenceArg<A>(args)...};
+  std::vector<at::Tensor> got, expected;
+  collect_results(got, result);
+  {
+    auto&& aten = std::apply([](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); }, reference);
+    collect_expected(expected, aten);
+  }
+  TORCH_INTERNAL_ASSERT(got.size() == expected.size());
+  const std::string op = c10::toString(c10::OperatorName(Op::name, Op::overload_name));
+  if (!got.empty()) apply_test_perturbation(info_of(entry), got.front());
+  for (size_t i = 0; i < got.size(); ++i) check_same_bits(info_of(entry), op, inputs, i, got[i], expected[i]);
+}
+
+// Op's at-once kernel from the table, where there is one, the mode lets it run and it takes
+// the call (validated in validate mode); nullopt otherwise.
+template <class Op, class Schema = typename Op::schema>
+struct FastAtOnce;
+template <class Op, class R, class... A>
+struct FastAtOnce<Op, R(A...)> {
+  static typename AtOnceSignature<R(A...)>::Result run(c10::DeviceIndex device, A&... args) {
+    const TypedHostKernel* entry = usable_at_once_kernel<Op>();
+    if (entry == nullptr) return std::nullopt;
+    auto result = at_once_function<Op>(*entry)(device, args...);
+    if (result.has_value() && fast_path() == FastPath::Validate) {
+      validate_at_once<Op, typename AtOnceSignature<R(A...)>::Result::value_type, R, A...>(*entry, *result, args...);
+    }
+    return result;
+  }
+};
+
 // Ends what begin_unboxed_op began, however the kernel returns.
 struct UnboxedScope {
   ~UnboxedScope() { interceptor().end_unboxed_op(); }
@@ -393,6 +505,10 @@ struct Unboxed<Op, Otherwise, R(A...)> {
       if (!tensors.is_written(*t)) interceptor().check_readable(*t);
     }
     const c10::DeviceIndex device = tensors.device;
+    if (auto result = FastAtOnce<Op>::run(device, args...)) {
+      for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
+      return std::move(*result);
+    }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
@@ -423,6 +539,25 @@ void register_all(torch::Library& m) {
   (register_unboxed<Ops>(m), ...);
 }
 
+// ---- clone and same-device _to_copy ------------------------------------------------------
+
+// A fast kernel may take these whole (it readies self itself, after its plan took the call);
+// otherwise torch's own kernels run (empty, then copy_: recorded or run at once).
+at::Tensor clone(const at::Tensor& self, std::optional<c10::MemoryFormat> format) {
+  if (auto copy = FastAtOnce<at::_ops::clone>::run(self.device().index(), self, format)) return std::move(*copy);
+  return at::compositeexplicitautograd::clone(self, format);
+}
+
+at::Tensor to_copy(const at::Tensor& self, std::optional<at::ScalarType> dtype, std::optional<c10::Layout> layout,
+                   std::optional<c10::Device> device, std::optional<bool> pin_memory, bool non_blocking,
+                   std::optional<c10::MemoryFormat> format) {
+  if (auto copy = FastAtOnce<at::_ops::_to_copy>::run(self.device().index(), self, dtype, layout, device, pin_memory,
+                                                      non_blocking, format)) {
+    return std::move(*copy);
+  }
+  return at::compositeexplicitautograd::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, format);
+}
+
 // ---- functional and in-place forms of structured ops -----------------------------------
 
 // A structured op's functional form (add.Tensor) reaches a backend without a kernel of its
@@ -431,6 +566,53 @@ void register_all(torch::Library& m) {
 // builds the TensorIterator again. Run at once, the CPU's functional kernel does it all in
 // one pass; otherwise the call takes torch's wrapper as before, and is recorded as before
 // (its out= form).
+// A fast path's empty-result kernel may size the result instead of the meta function (small
+// add, sub and mul): the same empty result, then the same out= call, recorded alike. In
+// validate mode its layout is checked against the CPU kernel's, run on CPU tensors of the
+// arguments' layouts (not the meta function's: meta gives other strides where a size-1 dim's
+// stride is not row-major's, [1, 4, 1, 8] of strides [32, 8, 32, 1] times a number).
+template <class T>
+T cpu_twin(const T& value) {
+  return value;
+}
+inline at::Tensor cpu_twin(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() == c10::kCPU) return t;  // a CPU number stays one
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU));
+}
+
+template <class Op, class OutOp, class... A>
+std::optional<at::Tensor> record_with_fast_empty_result(const A&... args) {
+  const TypedHostKernel* entry = usable_empty_result_kernel<Op>();
+  if (entry == nullptr) return std::nullopt;
+  auto out = empty_result_function<Op>(*entry)(args...);
+  if (!out.has_value()) return std::nullopt;
+  if (fast_path() == FastPath::Validate) {
+    const at::Tensor expected = Op::redispatch(kCpuKeys, cpu_twin(args)...);
+    check_same_layout(info_of(*entry), c10::toString(c10::OperatorName(Op::name, Op::overload_name)),
+                      describe_inputs(c10::impl::boxArgs<const A&...>(args...)), *out, expected);
+  }
+  OutOp::call(args..., *out);
+  return out;
+}
+
+#define NEURON_STRUCTURED_FAST_EMPTY(op_struct, function, out_op)                                \
+  struct op_struct##_as_torch_does {                                                          \
+    template <class R, class... A>                                                            \
+    static R call(A&&... args) {                                                              \
+      if (auto out = record_with_fast_empty_result<at::_ops::op_struct, at::_ops::out_op>(args...)) { \
+        return std::move(*out);                                                               \
+      }                                                                                       \
+      return at::compositeexplicitautogradnonfunctional::function(std::forward<A>(args)...);  \
+    }                                                                                         \
+  };                                                                                          \
+  void register_##op_struct(torch::Library& m) {                                              \
+    register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
+  }
+NEURON_STRUCTURED_FAST_EMPTY(add_Tensor, add, add_out)
+NEURON_STRUCTURED_FAST_EMPTY(sub_Tensor, sub, sub_out)
+NEURON_STRUCTURED_FAST_EMPTY(mul_Tensor, mul, mul_out)
+#undef NEURON_STRUCTURED_FAST_EMPTY
+
 #define NEURON_STRUCTURED(op_struct, function)                                                 \
   struct op_struct##_as_torch_does {                                                          \
     template <class R, class... A>                                                            \
@@ -442,10 +624,7 @@ void register_all(torch::Library& m) {
     register_unboxed<at::_ops::op_struct, op_struct##_as_torch_does>(m);                      \
   }
 
-NEURON_STRUCTURED(add_Tensor, add)
 NEURON_STRUCTURED(add__Tensor, add_)
-NEURON_STRUCTURED(sub_Tensor, sub)
-NEURON_STRUCTURED(mul_Tensor, mul)
 NEURON_STRUCTURED(mul__Tensor, mul_)
 NEURON_STRUCTURED(div_Tensor, div)
 NEURON_STRUCTURED(div_Tensor_mode, div)
@@ -495,6 +674,8 @@ void register_unboxed_ops(torch::Library& m) {
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
                ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
+  m.impl("clone", TORCH_FN(clone));
+  m.impl("_to_copy", TORCH_FN(to_copy));
   for (auto register_op :
        {register_add_Tensor, register_add__Tensor, register_sub_Tensor, register_mul_Tensor, register_mul__Tensor,
         register_div_Tensor, register_div_Tensor_mode, register_pow_Tensor_Scalar, register_pow_Tensor_Tensor,

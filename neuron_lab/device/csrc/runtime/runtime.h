@@ -7,7 +7,7 @@
 //             interceptor a runtime that records ops plugs into
 //   tracing/  what the device did: launch records, the event log, reasons, source lines,
 //             torch.profiler's view; runtime/ and tracing/ include each other's headers
-//   aten/     the ATen glue: kernels, the CPU-kernel fallback, the unboxed path;
+//   aten/     the ATen glue: kernels, the CPU-kernel fallback, the fast-kernel table;
 //             aten/registrations.cpp lists everything registered with the dispatcher
 //   python/   the module neuron_lab.device._C and its submodules
 // Each section below names the file that defines it.
@@ -301,6 +301,11 @@ at::Tensor neuron_view_of(const at::Tensor& neuron_base, const at::Tensor& host_
 // After a kernel wrote through `host`, the host alias of the neuron tensor `original`:
 // a resize or restride the kernel made to the alias is made to `original` too.
 void write_back(const at::Tensor& original, const at::Tensor& host);
+
+// ---- running an op on the host (host_kernel_table.cpp) -------------------------
+// Runs `op` on the host tensors of a boxed stack: ATen's CPU kernel, or a fast host kernel
+// from the table with the same results bit for bit where one takes the call.
+void run_host_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // ---- host kernels that allocate device memory (allocator.cpp) -----------------
 // While alive, CPU tensors allocated on this thread take memory of NeuronCore

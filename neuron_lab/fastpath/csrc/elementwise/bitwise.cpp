@@ -1,0 +1,102 @@
+// Small bitwise and / or / not with ATen's results (bitwise.h says what it takes).
+#include "fastpath/csrc/elementwise/bitwise.h"
+
+#include "device/csrc/aten/dense_layout.h"
+
+#include <type_traits>
+
+namespace neuron::fastpath {
+namespace {
+
+bool kernel_dtype(at::ScalarType t) { return t == at::kBool || t == at::kInt || t == at::kLong; }
+
+// ATen's bool kernels are logical (a && b, a || b, !a), its integer ones bitwise.
+template <class T, Bitwise op>
+inline T apply(T a, T b) {
+  if constexpr (std::is_same_v<T, uint8_t>) {  // bool, read as ATen reads it: nonzero is true
+    const bool x = a != 0, y = b != 0;
+    return static_cast<uint8_t>(op == Bitwise::And ? (x && y) : op == Bitwise::Or ? (x || y) : !x);
+  } else {
+    return op == Bitwise::And ? (a & b) : op == Bitwise::Or ? (a | b) : static_cast<T>(~a);
+  }
+}
+
+// Other's elements are of type U: T, or a bool (uint8_t) that ATen promotes to the integer
+// type T (false 0, true 1).
+template <class T, class U, Bitwise op>
+void run_as(int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
+            const at::Tensor* other, const at::Tensor& out) {
+  const T* a = static_cast<const T*>(self.const_data_ptr());
+  const U* b = other != nullptr ? static_cast<const U*>(other->const_data_ptr()) : nullptr;
+  T* y = static_cast<T*>(out.mutable_data_ptr());
+  for (int64_t i = 0; i < numel; ++i) {
+    const T x = a[at_period(i, self_period)];
+    if (b == nullptr) {
+      y[i] = apply<T, op>(x, x);
+    } else if constexpr (std::is_same_v<T, U>) {
+      y[i] = apply<T, op>(x, b[at_period(i, other_period)]);
+    } else {
+      y[i] = apply<T, op>(x, static_cast<T>(b[at_period(i, other_period)] != 0));
+    }
+  }
+}
+
+template <class T, class U = T>
+void run_typed(Bitwise op, int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
+               const at::Tensor* other, const at::Tensor& out) {
+  switch (op) {
+    case Bitwise::And: return run_as<T, U, Bitwise::And>(numel, self_period, other_period, self, other, out);
+    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(numel, self_period, other_period, self, other, out);
+    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(numel, self_period, other_period, self, other, out);
+  }
+}
+
+// The dtype of self op other when the kernel computes it: one dtype, or an integer with a
+// bool (ATen's promotion: the integer dtype).
+std::optional<at::ScalarType> result_dtype(at::ScalarType a, at::ScalarType b) {
+  if (a == b) return a;
+  if (a == at::kBool && b != at::kBool) return b;
+  if (b == at::kBool && a != at::kBool) return a;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ElementwisePlan> plan_small_bitwise(const at::Tensor& self, const at::Tensor* other) {
+  if (!bytes_are_values(self) || is_python_number(self) || !kernel_dtype(self.scalar_type())) return std::nullopt;
+  if (other == nullptr) {
+    auto plan = plan_elementwise({&self}, self.scalar_type());
+    if (!plan.has_value() || plan->periods[0] != plan->numel) return std::nullopt;  // not: self is the result's shape
+    return plan;
+  }
+  if (!bytes_are_values(*other) || is_python_number(*other) || !kernel_dtype(other->scalar_type())) return std::nullopt;
+  const auto dtype = result_dtype(self.scalar_type(), other->scalar_type());
+  if (!dtype.has_value()) return std::nullopt;
+  return plan_elementwise({&self, other}, *dtype);
+}
+
+void run_small_bitwise(Bitwise op, const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor* other,
+                       const at::Tensor& out) {
+  const int64_t n = plan.numel;
+  if (other != nullptr && self.scalar_type() != other->scalar_type()) {
+    // An integer and a bool: & and | commute, so the integer operand goes first.
+    const bool self_is_bool = self.scalar_type() == at::kBool;
+    const at::Tensor& integer = self_is_bool ? *other : self;
+    const at::Tensor& flags = self_is_bool ? self : *other;
+    const int64_t integer_period = self_is_bool ? plan.periods[1] : plan.periods[0];
+    const int64_t flags_period = self_is_bool ? plan.periods[0] : plan.periods[1];
+    switch (plan.dtype) {
+      case at::kInt: return run_typed<int32_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
+      case at::kLong: return run_typed<int64_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
+      default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
+    }
+  }
+  switch (plan.dtype) {
+    case at::kBool: return run_typed<uint8_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kInt: return run_typed<int32_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kLong: return run_typed<int64_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
+    default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
+  }
+}
+
+}  // namespace neuron::fastpath
