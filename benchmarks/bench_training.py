@@ -94,6 +94,22 @@ def pin_to_cores(threads: str) -> None:
         os.sched_setaffinity(int(tid), cores)
 
 
+def apply_fastpath(config: str) -> None:
+    """``neuron:off`` runs ATen's kernels only, ``neuron:-FAMILY`` every fast-path family but
+    FAMILY (bench_fastpath.py), set before the workload's first op; plain ``neuron`` leaves the default."""
+    variant = config.partition(":")[2]
+    if not variant:
+        return
+    from neuron_lab import fastpath
+
+    if variant == "off":
+        fastpath.set_mode("off")
+    elif variant.startswith("-") and variant[1:] in fastpath.families():
+        fastpath.set_family_enabled(variant[1:], False)
+    else:
+        raise ValueError(f"unknown fast-path variant {variant!r}: use off or -FAMILY, FAMILY one of {fastpath.families()}")
+
+
 def worker(workload: str, config: str, threads: str, first: int, warmup: int, pin: bool = True) -> int:
     """Builds ``workload`` for ``config`` and answers the parent's commands on stdin, one JSON
     line each on stdout: ``run N`` (time N steps), ``quit`` (report peak RSS and exit)."""
@@ -104,10 +120,11 @@ def worker(workload: str, config: str, threads: str, first: int, warmup: int, pi
     if threads != "default":
         torch.set_num_threads(int(threads))
     device = "cpu"
-    if config == "neuron":
+    if config.split(":")[0] == "neuron":
         import neuron_lab  # noqa: F401
 
         device = "neuron"
+        apply_fastpath(config)
     step = training_workloads.build(workload, device, compile_model=config == "cpu_compile")
     host_tid = threading.get_native_id()
 
