@@ -11,7 +11,7 @@ shapes and the size of the difference. The references:
 ``replay``      adaptive eager's compiled tier (TorchInductor code for the fused graphs)
                 against its replay tier (the CPU kernels, op by op): ``configure(compile=...)``
 ``float32``     the code under ``torch.autocast("neuron", dtype)`` against the same without
-``fastpath-off`` the device's fast host kernels off (needs a build with that switch)
+``fastpath-off`` the device's fast host kernels off (``neuron_lab.fastpath``: ATen's kernels only)
 ==============  ==========================================================================
 
 How, in one process: each run gets its own copy of the inputs (``args``, or the variables a
@@ -55,7 +55,7 @@ AGAINST = {
     "cpu": "the CPU: the same code with its devices and tensors moved to the CPU",
     "replay": "adaptive eager's replay tier (CPU kernels op by op) against its compiled tier (TorchInductor)",
     "float32": "float32: the same code without torch.autocast (the subject runs under autocast)",
-    "fastpath-off": "the device's fast host kernels switched off",
+    "fastpath-off": "the device's fast host kernels switched off (ATen's CPU kernels only)",
 }
 _DEFAULT_BUDGET_BYTES = 1 << 30  # results kept per run; later ops are not recorded
 _SHOWN_DIFFERENCES = 10
@@ -220,9 +220,10 @@ def _sides(against: str, dtype: torch.dtype) -> tuple[_Side, _Side, list[str]]:
                 _Side("replay tier", context=lambda: tier(False)),
                 ["the compiled tier compiles the graphs of a first, unrecorded run before the compared one"])
     if against == "fastpath-off":
-        raise ValueError("against='fastpath-off' needs a switch for the device's fast host kernels, which this "
-                         "build does not have (NEURON_LAB_FASTPATH arrives with the device-layer rework, issue 47); "
-                         f"compare against one of {', '.join(k for k in AGAINST if k != 'fastpath-off')}")
+        from neuron_lab import fastpath
+
+        return (_Side(f"fast path {fastpath.get_mode()}"),
+                _Side("fast path off", context=lambda: fastpath.mode("off")), [])
     raise ValueError(f"against={against!r}: compare against one of {', '.join(AGAINST)}")
 
 
