@@ -25,7 +25,6 @@
 #include "fastpath/csrc/reductions/compare.h"
 #include "fastpath/csrc/reductions/isin.h"
 #include "fastpath/csrc/reductions/sum.h"
-#include "fastpath/csrc/softmax_masks/safe_softmax_checks.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
@@ -596,9 +595,6 @@ constexpr HostKernelInfo kStructuredOnDevice{"structured_on_device", "aten_direc
                                              "the op's own structured class and its CPU dispatch stub"};
 constexpr HostKernelInfo kFlashAttentionDirect{"flash_attention_direct", "aten_direct",
                                                "attention.cpp _scaled_dot_product_flash_attention_cpu"};
-constexpr HostKernelInfo kAllOfRows{"all_of_rows", "softmax_masks", "ReduceOpsKernel.cpp and_kernel_impl"};
-constexpr HostKernelInfo kIsneginfBits{"isneginf_bits", "softmax_masks", "UnaryOps.cpp isneginf (signbit & isinf)"};
-constexpr HostKernelInfo kWhereRows{"where_rows", "softmax_masks", "TensorCompareKernel.cpp where_kernel"};
 
 void register_every_kernel() {
   namespace ops = at::_ops;
@@ -644,13 +640,6 @@ void register_every_kernel() {
   at_once<ops::tanh>(kStructuredOnDevice);
   at_once<ops::silu>(kStructuredOnDevice);
   at_once<ops::_scaled_dot_product_flash_attention_for_cpu>(kFlashAttentionDirect);
-  // softmax_masks
-  boxed("aten::all", "dim", 3, false, &try_all_of_rows, kAllOfRows);
-  boxed("aten::all", "out", 4, true, &try_all_of_rows, kAllOfRows);
-  boxed("aten::isneginf", "", 1, false, &try_isneginf, kIsneginfBits);
-  boxed("aten::isneginf", "out", 2, true, &try_isneginf, kIsneginfBits);
-  boxed("aten::where", "self", 3, false, &try_where_rows, kWhereRows);
-  boxed("aten::where", "self_out", 4, true, &try_where_rows, kWhereRows);
 }
 
 [[maybe_unused]] const bool kRegistered = (register_every_kernel(), true);
