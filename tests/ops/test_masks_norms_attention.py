@@ -1,8 +1,9 @@
 """Ops whose results the device must give bit for bit as the CPU does, on every path (at
 once, the fallback, replay of a recorded graph, out= twins): the checks _safe_softmax runs on
-attention scores (all, isneginf, where over rows). They were the tests of the fast-path family
-softmax_masks, deleted under issue 47's rule (neuron_lab/fastpath/KERNELS.md); ATen's kernels
-run them now."""
+attention scores (all, isneginf, where over rows), layer norm, the structured unary ops of
+rotary embeddings and activations (cos, sin, tanh, silu) and the CPU's flash attention. They
+were the tests of the fast-path families softmax_masks and aten_direct, deleted under issue
+47's rule (neuron_lab/fastpath/KERNELS.md); ATen's kernels run them now."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import neuron_lab
+from elementwise_layouts import same_layout_on_device, with_unit_strides
 from parity import bits
 
 
@@ -213,3 +215,112 @@ def test_isneginf_in_tiled_replay_equals_the_cpu():
             assert torch.equal(checks(on_device).cpu(), expected)
         assert counters()["tiled_runs"] > tiled_before
 
+
+def check_calls_equal_the_cpu(sources, calls: dict, same) -> None:
+    """Each call on a device copy of each source (its layout kept), twice (at once or recorded,
+    then again), against the call on the CPU: dtype, shape, strides, and same(got, expected)."""
+    for source in sources:
+        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
+        for name, call in calls.items():
+            expected = call(source)
+            for _ in range(2):
+                got = call(on_device).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
+                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
+                assert same(got, expected), (name, source.dtype, source.shape)
+
+
+# ---- layer norm ------------------------------------------------------------------------------
+
+LAYER_NORM_CASES = [
+    ((1, 1, 32), (32,)),  # one token
+    ((2, 7, 48), (48,)),
+    ((3, 4, 5), (4, 5)),  # two normalized dims
+    ((6,), (6,)),  # the whole tensor
+    ((5, 1000), (1000,)),  # rows past a vector's width, with a tail
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_equals_the_cpu_bit_for_bit(mode, dtype):
+    g = torch.Generator().manual_seed(15)
+    for shape, normalized in LAYER_NORM_CASES:
+        x = torch.randn(shape, generator=g, dtype=dtype) * 3 + 1
+        weight = torch.randn(normalized, generator=g, dtype=dtype)
+        bias = torch.randn(normalized, generator=g, dtype=dtype)
+        for w, b in [(weight, bias), (weight, None), (None, None)]:
+            expected = torch.native_layer_norm(x, normalized, w, b, 1e-5)
+            for _ in range(3):  # at once or recorded, then replayed
+                on = [None if t is None else t.to("neuron") for t in (w, b)]
+                got = [r.cpu() for r in torch.native_layer_norm(x.to("neuron"), normalized, on[0], on[1], 1e-5)]
+                for e, r in zip(expected, got):
+                    assert r.shape == e.shape and r.stride() == e.stride() and r.dtype == e.dtype, (shape, normalized)
+                    assert torch.equal(bits(r), bits(e)), (shape, normalized, w is None, b is None, dtype)
+
+
+def test_layer_norm_of_other_inputs_equals_the_cpu(mode):
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(4, 6, 8, generator=g)
+    w, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    cases = [
+        lambda x, w, b: F.layer_norm(x.transpose(0, 1), (8,), w, b),  # not row-major: ATen copies it
+        lambda x, w, b: F.layer_norm(x.bfloat16(), (8,), w.bfloat16(), b.bfloat16()),
+        lambda x, w, b: F.layer_norm(x.bfloat16(), (8,), w, b),  # mixed dtypes
+        lambda x, w, b: F.layer_norm(x[:, :, ::2], (4,), w[::2], b[::2]),
+        lambda x, w, b: F.layer_norm(x[:0], (8,), w, b),  # empty
+    ]
+    for i, fn in enumerate(cases):
+        expected = fn(x, w, b)
+        got = fn(x.to("neuron"), w.to("neuron"), b.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and got.stride() == expected.stride(), i
+        assert torch.equal(bits(got), bits(expected)), i
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        F.layer_norm(x.to("neuron"), (6,), w.to("neuron"), b.to("neuron")).cpu()
+
+
+# ---- structured unary ops -------------------------------------------------------------------
+
+
+STRUCTURED_UNARY = {"cos": torch.cos, "sin": torch.sin, "tanh": torch.tanh, "silu": F.silu}
+
+
+def structured_unary_sources() -> list[torch.Tensor]:
+    """Floating-point tensors of every layout TensorIterator treats apart: contiguous (vector
+    blocks and a tail), transposed, sliced with steps, size-1 dims of other strides, 0-dim,
+    empty, more than GRAIN_SIZE elements (split between threads), the reduced-precision
+    dtypes; special values among them."""
+    g = torch.Generator().manual_seed(31)
+    base = torch.randn(3, 5, 37, generator=g) * 4
+    return [
+        base, special_floats(torch.float32, 70), base.transpose(0, 2), base[:, ::2, 1:], base.double(),
+        base.half(), base.to(torch.bfloat16), with_unit_strides(torch.randn(1, 4, 1, 8, generator=g), {2: 32}),
+        torch.tensor(0.75), torch.empty(0, 3), torch.randn(70000, generator=g),
+    ]
+
+
+def test_structured_unary_ops_equal_the_cpu_bit_for_bit(mode):
+    check_calls_equal_the_cpu(structured_unary_sources(), STRUCTURED_UNARY, lambda a, b: torch.equal(bits(a), bits(b)))
+    ints = torch.arange(5)  # promoted to float
+    assert torch.equal(torch.cos(ints.to("neuron")).cpu(), torch.cos(ints))
+
+
+# ---- the CPU's flash attention called on the device's tensors ----------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_on_the_device_tensors_equals_the_cpu(mode, causal):
+    """The CPU's flash-attention function called on the device's tensors: one query (a decode
+    step) and several, grouped heads' layouts (transposed from [batch, length, heads, dim]),
+    a float mask; results and their strides as the CPU's, bit for bit."""
+    g = torch.Generator().manual_seed(32)
+    for batch, heads, q_len, kv_len, dim in [(1, 4, 1, 9, 8), (2, 2, 5, 5, 16), (1, 4, 1, 300, 8), (1, 2, 7, 7, 64)]:
+        q, k, v = (torch.randn(batch, n, heads, dim, generator=g).transpose(1, 2) for n in (q_len, kv_len, kv_len))
+        masks = [None] if causal else [None, torch.randn(batch, 1, q_len, kv_len, generator=g)]
+        for mask in masks:
+            expected = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+            on_device = [same_layout_on_device(t) for t in (q, k, v)]
+            device_mask = None if mask is None else mask.to("neuron")
+            got = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*on_device, 0.0, causal, attn_mask=device_mask)
+            for e, r in zip(expected, got):
+                assert r.device.type == "neuron" and r.stride() == e.stride(), (q.shape, k.shape)
+                assert torch.equal(bits(r.cpu()), bits(e)), (q.shape, k.shape, mask is not None)
