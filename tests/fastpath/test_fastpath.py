@@ -32,8 +32,8 @@ def host_kernel_ops(fn) -> int:
 
 def decode_like_step() -> None:
     """Ops of a decoding loop that the fast path takes, on every path that reads the table:
-    at once (add, neg, cat, mm, layer norm, clone, argmax), boxed (the softmax mask checks
-    of a recorded attention) and recorded arithmetic (empty results)."""
+    at once (add, neg, cat, mm, clone, argmax), boxed (eager mode's one-op graphs of small
+    arithmetic, their out= twins through the fallback) and recorded arithmetic (empty results)."""
     with neuron_lab.mode("eager"):
         a = torch.arange(12.0, device="neuron").reshape(3, 4)
         b = a + a
@@ -125,14 +125,14 @@ def test_validate_raises_at_a_differing_bit_naming_the_kernel_and_inputs(restore
 
 
 def test_validate_checks_the_boxed_path_too(restore_mode):
-    """The softmax mask checks run boxed (the fallback, replay): a differing bit there raises
-    as well, naming the boxed kernel."""
+    """Eager mode runs small arithmetic as one-op graphs, their out= twin boxed (the fallback,
+    replay): a differing bit there raises as well, naming the boxed kernel."""
     fastpath.set_mode("validate")
-    mask = torch.tensor([[True, False, True], [True, True, True]])
-    fastpath._native._perturb_kernel_for_tests("all_of_rows")
-    with pytest.raises(RuntimeError, match=r"kernel 'all_of_rows'.*aten::all"):
+    t = _inputs()
+    fastpath._native._perturb_kernel_for_tests("small_arith")
+    with pytest.raises(RuntimeError, match=r"kernel 'small_arith'.*aten::add\.out"):
         with neuron_lab.mode("eager"):
-            mask.to("neuron").all(-1).cpu()
+            (t["x"] + t["y"]).cpu()
 
 
 def test_a_family_switched_off_runs_none_of_its_kernels(restore_mode):

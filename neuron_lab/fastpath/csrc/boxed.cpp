@@ -31,11 +31,6 @@ std::optional<at::Tensor> result_tensor(const c10::IValue* out_arg, c10::IntArra
   return out;
 }
 
-bool on_host_contiguous(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::CPU && t.is_contiguous() && !t.is_conj() &&
-         !t.is_neg();
-}
-
 // Pops the op's arguments and pushes its one result, as a boxed kernel returns.
 bool finish(torch::jit::Stack* stack, size_t n_args, at::Tensor result) {
   torch::jit::drop(*stack, n_args);

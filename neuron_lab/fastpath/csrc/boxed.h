@@ -20,9 +20,6 @@ std::optional<at::Tensor> result_tensor(const c10::IValue* out_arg, c10::IntArra
                                         std::initializer_list<const at::Tensor*> inputs,
                                         const at::Tensor* same_as = nullptr, c10::IntArrayRef strides = {});
 
-// A defined, contiguous CPU tensor whose bytes are its values.
-bool on_host_contiguous(const at::Tensor& t);
-
 // Pops the op's `n_args` arguments and pushes its one result, as a boxed kernel returns.
 bool finish(torch::jit::Stack* stack, size_t n_args, at::Tensor result);
 

@@ -9,8 +9,6 @@
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
 #include "fastpath/csrc/at_once.h"
-#include "fastpath/csrc/aten_direct/cpu_stubs.h"
-#include "fastpath/csrc/aten_direct/layer_norm.h"
 #include "fastpath/csrc/boxed.h"
 #include "fastpath/csrc/elementwise/arith.h"
 #include "fastpath/csrc/elementwise/bitwise.h"
@@ -25,11 +23,8 @@
 #include "fastpath/csrc/reductions/compare.h"
 #include "fastpath/csrc/reductions/isin.h"
 #include "fastpath/csrc/reductions/sum.h"
-#include "fastpath/csrc/softmax_masks/safe_softmax_checks.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
-#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_native.h>
-#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
@@ -41,8 +36,6 @@
 #include <ATen/ops/bitwise_or_ops.h>
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/clone_ops.h>
-#include <ATen/ops/cos_native.h>
-#include <ATen/ops/cos_ops.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/fill_ops.h>
@@ -52,25 +45,17 @@
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
-#include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/neg_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
-#include <ATen/ops/silu_native.h>
-#include <ATen/ops/silu_ops.h>
-#include <ATen/ops/sin_native.h>
-#include <ATen/ops/sin_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
-#include <ATen/ops/tanh_native.h>
-#include <ATen/ops/tanh_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstring>
 #include <functional>
 #include <optional>
-#include <tuple>
 
 namespace neuron::fastpath {
 namespace {
@@ -88,9 +73,8 @@ struct UnboxedScope {
 // and mul (elementwise/arith.h); neg, rsqrt and pow by 2, 3, -1 or -0.5 (elementwise/unary.h);
 // isin of small integer tensors (reductions/isin.h); cat of row-major tensors and index_select
 // of contiguous ones (movement/cat.h, movement/index_select.h); addmm and mm as the BLAS call
-// ATen's kernel makes (matmul/blas_matmul.h); layer norm by ATen's own kernel below its wrapper
-// (aten_direct/layer_norm.h). Their results are new device memory, written when the kernel takes
-// the arguments (their memory is ready: begin_unboxed_op made it so); otherwise nullopt, and
+// ATen's kernel makes (matmul/blas_matmul.h). Their results are new device memory, written when
+// the kernel takes the arguments (their memory is ready: begin_unboxed_op made it so); otherwise nullopt, and
 // ATen's kernel runs.
 template <class Op>
 struct AtOnce;
@@ -322,105 +306,6 @@ struct AtOnce<at::_ops::mm> {
   }
 };
 
-template <>
-struct AtOnce<at::_ops::native_layer_norm> {
-  using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& input,
-                                   c10::SymIntArrayRef normalized_shape, const std::optional<at::Tensor>& weight,
-                                   const std::optional<at::Tensor>& bias, double eps) {
-    const auto shape = c10::asIntArrayRefSlowOpt(normalized_shape);
-    if (!shape.has_value()) return std::nullopt;
-    const auto plan = plan_layer_norm(input, *shape, weight, bias);
-    if (!plan.has_value()) return std::nullopt;
-    return run_at_once(device, at::_ops::native_layer_norm::name, [&] {
-      const at::ScalarType dtype = input.scalar_type();
-      Result results{new_result(input.sizes(), dtype), new_result(plan->statistics, dtype),
-                     new_result(plan->statistics, dtype)};
-      run_layer_norm(*plan, input, weight, bias, eps, std::get<0>(results), std::get<1>(results),
-                     std::get<2>(results));
-      return results;
-    });
-  }
-};
-
-// Structured unary ops (rotary embeddings' cos and sin, Llama's silu, GPT-2's tanh) run their
-// own structured class on the device's tensors, as the CPU's functional kernel runs it on its
-// own: meta builds the TensorIterator and asks for the result, made here on the device in the
-// layout the iterator chose (the CPU's), and impl calls the op's dispatch stub, whose device
-// entry is the CPU's kernel (aten_direct/cpu_stubs.h). The same iterator, kernel and bytes: the CPU's bits,
-// without a host alias of the input and the result mapped back. Floating-point inputs whose
-// bytes are their values; anything else keeps the host-alias path.
-template <class Structured>
-class StructuredOnDevice final : public Structured {
- public:
-  void set_output_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) override {
-    make_output(index, sizes, strides, options);
-  }
-  void set_output_raw_strided(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides,
-                              at::TensorOptions options) override {
-    make_output(index, sizes, strides, options);
-  }
-  const at::Tensor& maybe_get_output(int64_t /*index*/) override { return out_; }
-  at::Tensor& out() { return out_; }
-
- private:
-  void make_output(int64_t index, at::IntArrayRef sizes, at::IntArrayRef strides, at::TensorOptions options) {
-    const at::ScalarType dtype = c10::typeMetaToScalarType(options.dtype());
-    out_ = strides.empty() ? new_result(sizes, dtype) : new_result(sizes, strides, dtype);
-    Structured::set_output_raw_strided(index, sizes, strides, options);  // the iterator takes it
-  }
-  at::Tensor out_;
-};
-
-template <class Op, class Structured>
-struct StructuredUnaryKernel {
-  static std::optional<at::Tensor> run(c10::DeviceIndex device, const at::Tensor& self) {
-    if (!device_stubs_run_cpu_kernels() || !bytes_are_values(self) || !at::isFloatingType(self.scalar_type())) {
-      return std::nullopt;
-    }
-    return run_at_once(device, Op::name, [&] {
-      StructuredOnDevice<Structured> op;
-      op.meta(self);
-      op.impl(self, op.out());
-      return std::move(op.out());
-    });
-  }
-};
-template <>
-struct AtOnce<at::_ops::cos> : StructuredUnaryKernel<at::_ops::cos, at::native::structured_cos_out> {};
-template <>
-struct AtOnce<at::_ops::sin> : StructuredUnaryKernel<at::_ops::sin, at::native::structured_sin_out> {};
-template <>
-struct AtOnce<at::_ops::tanh> : StructuredUnaryKernel<at::_ops::tanh, at::native::structured_tanh_out> {};
-template <>
-struct AtOnce<at::_ops::silu> : StructuredUnaryKernel<at::_ops::silu, at::native::structured_silu_out> {};
-
-// The CPU's flash attention (two a decode step) on the device's tensors themselves. ATen's
-// CPU function allocates its results with the query's options (on the device, through its
-// allocator), calls the kernel through its dispatch stub for the CPU explicitly, and returns
-// transposed views: nothing in it asks for a CPU tensor, and the kernel reads the bytes
-// through their pointers, host memory. The same function on the same bytes and strides: the
-// CPU's bits, without host aliases of the three inputs and the results mapped back.
-template <>
-struct AtOnce<at::_ops::_scaled_dot_product_flash_attention_for_cpu> {
-  using Result = std::tuple<at::Tensor, at::Tensor>;
-  static std::optional<Result> run(c10::DeviceIndex device, const at::Tensor& query, const at::Tensor& key,
-                                   const at::Tensor& value, double dropout_p, bool is_causal,
-                                   const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-    for (const at::Tensor* t : {&query, &key, &value}) {
-      if (!bytes_are_values(*t)) return std::nullopt;
-    }
-    if (attn_mask.has_value() && attn_mask->defined() &&
-        (attn_mask->device() != query.device() || !bytes_are_values(*attn_mask))) {
-      return std::nullopt;
-    }
-    return run_at_once(device, at::_ops::_scaled_dot_product_flash_attention_for_cpu::name, [&] {
-      return at::native::_scaled_dot_product_flash_attention_cpu(query, key, value, dropout_p, is_causal, attn_mask,
-                                                                 scale);
-    });
-  }
-};
-
 // ---- clone and same-device _to_copy of dense tensors: one block, copied or converted ----------
 
 // A decoding step clones its last logits and ids and copies the logits to float32, their
@@ -590,15 +475,6 @@ constexpr HostKernelInfo kSmallFill{"small_fill", "movement", "FillKernel.cpp fi
 constexpr HostKernelInfo kSmallArange{"small_arange", "movement", "RangeFactories.cpp arange_out"};
 constexpr HostKernelInfo kBlasMatmul{"blas_matmul", "matmul",
                                      "LinearAlgebra.cpp addmm_impl_cpu_, CPUBlas.cpp gemm"};
-constexpr HostKernelInfo kLayerNormDirect{"layer_norm_direct", "aten_direct",
-                                          "layer_norm.cpp layer_norm_cpu's LayerNormKernel, called below its wrapper"};
-constexpr HostKernelInfo kStructuredOnDevice{"structured_on_device", "aten_direct",
-                                             "the op's own structured class and its CPU dispatch stub"};
-constexpr HostKernelInfo kFlashAttentionDirect{"flash_attention_direct", "aten_direct",
-                                               "attention.cpp _scaled_dot_product_flash_attention_cpu"};
-constexpr HostKernelInfo kAllOfRows{"all_of_rows", "softmax_masks", "ReduceOpsKernel.cpp and_kernel_impl"};
-constexpr HostKernelInfo kIsneginfBits{"isneginf_bits", "softmax_masks", "UnaryOps.cpp isneginf (signbit & isinf)"};
-constexpr HostKernelInfo kWhereRows{"where_rows", "softmax_masks", "TensorCompareKernel.cpp where_kernel"};
 
 void register_every_kernel() {
   namespace ops = at::_ops;
@@ -637,20 +513,6 @@ void register_every_kernel() {
   // matmul
   at_once<ops::addmm>(kBlasMatmul);
   at_once<ops::mm>(kBlasMatmul);
-  // aten_direct
-  at_once<ops::native_layer_norm>(kLayerNormDirect);
-  at_once<ops::cos>(kStructuredOnDevice);
-  at_once<ops::sin>(kStructuredOnDevice);
-  at_once<ops::tanh>(kStructuredOnDevice);
-  at_once<ops::silu>(kStructuredOnDevice);
-  at_once<ops::_scaled_dot_product_flash_attention_for_cpu>(kFlashAttentionDirect);
-  // softmax_masks
-  boxed("aten::all", "dim", 3, false, &try_all_of_rows, kAllOfRows);
-  boxed("aten::all", "out", 4, true, &try_all_of_rows, kAllOfRows);
-  boxed("aten::isneginf", "", 1, false, &try_isneginf, kIsneginfBits);
-  boxed("aten::isneginf", "out", 2, true, &try_isneginf, kIsneginfBits);
-  boxed("aten::where", "self", 3, false, &try_where_rows, kWhereRows);
-  boxed("aten::where", "self_out", 4, true, &try_where_rows, kWhereRows);
 }
 
 [[maybe_unused]] const bool kRegistered = (register_every_kernel(), true);

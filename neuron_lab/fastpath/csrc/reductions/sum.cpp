@@ -1,15 +1,34 @@
 // Small sum and mean over rows in ATen's order of additions (sum.h says what they take).
 #include "fastpath/csrc/reductions/sum.h"
 
-#include "fastpath/csrc/aten_direct/cpu_stubs.h"
 #include "device/csrc/aten/dense_layout.h"
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
+#include <ATen/Version.h>         // at::get_cpu_capability
 
 #include <array>
+#include <string>
 
 namespace neuron::fastpath {
 namespace {
+
+// The x86 capability ATen's CPU kernels run with ("AVX512", "AVX2" or "DEFAULT", which
+// ATEN_CPU_CAPABILITY can lower), or nullptr on a build this file does not know (not x86):
+// the kernel reproduces the order of additions of ATen's x86 kernels only.
+const char* aten_x86_capability() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const char* const known = [] {
+    const std::string capability = at::get_cpu_capability();
+    for (const char* name : {"AVX512", "AVX2", "DEFAULT"}) {
+      if (capability == name) return name;
+    }
+    return static_cast<const char*>(nullptr);
+  }();
+  return known;
+#else
+  return nullptr;
+#endif
+}
 
 // The width of ATen's vectors in its sum kernel: 32 bytes (8 floats, 4 doubles) under every
 // x86 capability. SumKernel.cpp registers with REGISTER_DISPATCH, which leaves the AVX512 slot
