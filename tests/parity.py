@@ -30,6 +30,22 @@ def bits(t: Any) -> Any:
     return t
 
 
+def special_floats(dtype: Any, n: int) -> Any:
+    """n values of dtype, among them -inf, +inf, NaNs of both signs, -0.0, subnormals and
+    the extreme finite values, at positions that fall in vector blocks and in the tail."""
+    import torch
+
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    info = torch.finfo(dtype)
+    specials = [float("-inf"), float("inf"), float("nan"), -float("nan"), -0.0, info.tiny / 4, -info.tiny / 4,
+                info.max, info.min, float("-inf")]
+    for i, v in enumerate(specials):
+        if n:
+            x[(i * 7) % n] = v
+    return x
+
+
 def same_bits(actual: Any, expected: Any) -> bool:
     """Whether two tensors, on any devices, have the same dtype, shape and bits (NaN payloads
     and signed zeros included): the device's promise, checked on the CPU. The one bit-equality

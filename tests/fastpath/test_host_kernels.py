@@ -18,7 +18,7 @@ import neuron_lab
 from conftest import run_python
 from elementwise_layouts import (ARITH, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
                                  with_unit_strides)
-from parity import bits
+from parity import bits, special_floats
 from neuron_lab import fastpath
 from neuron_lab.device import trace
 
@@ -42,22 +42,7 @@ def runs(fn) -> int:
     return trace.device_counters()["host_kernel_ops"] - before
 
 
-def special_floats(dtype: torch.dtype, n: int) -> torch.Tensor:
-    """n values of dtype, among them -inf, +inf, NaNs of both signs, -0.0, subnormals and
-    the extreme finite values, at positions that fall in vector blocks and in the tail."""
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
-    info = torch.finfo(dtype)
-    specials = [float("-inf"), float("inf"), float("nan"), -float("nan"), -0.0, info.tiny / 4, -info.tiny / 4,
-                info.max, info.min, float("-inf")]
-    for i, v in enumerate(specials):
-        if n:
-            x[(i * 7) % n] = v
-    return x
-
-
 # ---- small add, sub and mul (small_arith.cpp) ------------------------------------------------
-
 
 
 def arith_operands(dtype: torch.dtype, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

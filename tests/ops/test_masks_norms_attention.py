@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import neuron_lab
 from elementwise_layouts import same_layout_on_device, with_unit_strides
-from parity import bits
+from parity import bits, special_floats
 
 
 # ---- the checks of _safe_softmax: all, isneginf and where over rows -----------------------
@@ -64,20 +64,6 @@ def test_all_of_other_inputs_equals_the_cpu(mode):
     assert got.dtype == torch.uint8 and torch.equal(got, as_bytes.all(-1))
     empty_rows = torch.ones(3, 0, dtype=torch.bool)
     assert torch.equal(torch.all(empty_rows.to("neuron"), -1).cpu(), empty_rows.all(-1))
-
-
-def special_floats(dtype: torch.dtype, n: int) -> torch.Tensor:
-    """n values of dtype, among them -inf, +inf, NaNs of both signs, -0.0, subnormals and
-    the extreme finite values, at positions that fall in vector blocks and in the tail."""
-    g = torch.Generator().manual_seed(n)
-    x = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
-    info = torch.finfo(dtype)
-    specials = [float("-inf"), float("inf"), float("nan"), -float("nan"), -0.0, info.tiny / 4, -info.tiny / 4,
-                info.max, info.min, float("-inf")]
-    for i, v in enumerate(specials):
-        if n:
-            x[(i * 7) % n] = v
-    return x
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
