@@ -109,3 +109,17 @@ def check_elementwise_case(op: str, fn: Callable, args: list) -> Outcome:
     if not same_bits(got, expected):
         return Outcome(ran, f"{op} {layouts}: values differ from the CPU's")
     return Outcome(ran, None)
+
+
+def check_calls_equal_the_cpu(sources, calls: dict, same) -> None:
+    """Each call on a device copy of each source (its layout kept), twice (at once or recorded,
+    then again), against the call on the CPU: dtype, shape, strides, and same(got, expected)."""
+    for source in sources:
+        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
+        for name, call in calls.items():
+            expected = call(source)
+            for _ in range(2):
+                got = call(on_device).cpu()
+                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
+                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
+                assert same(got, expected), (name, source.dtype, source.shape)

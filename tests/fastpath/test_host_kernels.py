@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import neuron_lab
 from conftest import run_python
-from elementwise_layouts import (ARITH, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
+from elementwise_layouts import (ARITH, check_calls_equal_the_cpu, check_elementwise_case, elementwise_sweep_case, same_layout_on_device,
                                  with_unit_strides)
 from parity import bits, special_floats
 from neuron_lab import fastpath
@@ -1109,20 +1109,6 @@ def test_the_stopping_criteria_kernels_run_where_they_apply_and_only_there():
 
 
 # ---- clone and same-device _to_copy as one block copy (unboxed_ops.cpp) ----------------------
-
-
-def check_calls_equal_the_cpu(sources, calls: dict, same) -> None:
-    """Each call on a device copy of each source (its layout kept), twice (at once or recorded,
-    then again), against the call on the CPU: dtype, shape, strides, and same(got, expected)."""
-    for source in sources:
-        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
-        for name, call in calls.items():
-            expected = call(source)
-            for _ in range(2):
-                got = call(on_device).cpu()
-                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
-                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
-                assert same(got, expected), (name, source.dtype, source.shape)
 
 
 def copy_sources() -> list[torch.Tensor]:

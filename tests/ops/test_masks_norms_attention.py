@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import neuron_lab
-from elementwise_layouts import same_layout_on_device, with_unit_strides
+from elementwise_layouts import check_calls_equal_the_cpu, same_layout_on_device, with_unit_strides
 from parity import bits, special_floats
 
 
@@ -200,20 +200,6 @@ def test_isneginf_in_tiled_replay_equals_the_cpu():
         for _ in range(4):  # recorded, then replayed
             assert torch.equal(checks(on_device).cpu(), expected)
         assert counters()["tiled_runs"] > tiled_before
-
-
-def check_calls_equal_the_cpu(sources, calls: dict, same) -> None:
-    """Each call on a device copy of each source (its layout kept), twice (at once or recorded,
-    then again), against the call on the CPU: dtype, shape, strides, and same(got, expected)."""
-    for source in sources:
-        on_device = same_layout_on_device(source) if source.numel() and not source.is_conj() else source.to("neuron")
-        for name, call in calls.items():
-            expected = call(source)
-            for _ in range(2):
-                got = call(on_device).cpu()
-                assert got.dtype == expected.dtype and got.shape == expected.shape, (name, source.shape)
-                assert got.stride() == expected.stride(), (name, source.shape, source.stride(), got.stride())
-                assert same(got, expected), (name, source.dtype, source.shape)
 
 
 # ---- layer norm ------------------------------------------------------------------------------
