@@ -111,13 +111,18 @@ def test_users_torch_compile_runs_beside_the_compiled_tier():
     torch.testing.assert_close(user_compiled(x16), user_model(x16))
     neuron_lab.configure(compile=True, compile_after=2)  # restored by the adaptive_runtime fixture
     a, b = torch.randn(4096, device="neuron"), torch.randn(4096, device="neuron")
-    offset = random.random()  # a graph no cache has seen: its compile traces from scratch
+    # A graph no cache has seen, in structure as well as constants (one of 2**20 cos/sin
+    # patterns): its compile traces and codegens from scratch, long enough to overlap the
+    # user's calls. (With a fixed structure a warm Inductor cache on the CI machine once
+    # finished it inside one step: no overlap to test.)
+    offset = random.random()
+    pattern = [random.choice((torch.cos, torch.sin)) for _ in range(20)]
     overlapped = []
 
     def step(i: int) -> None:
         chain = a
-        for _ in range(20):
-            chain = (chain * b).cos() + offset  # the hot graph (60 ops), compiled from its second launch
+        for unary in pattern:
+            chain = unary(chain * b) + offset  # the hot graph (60 ops), compiled from its second launch
         chain.sum().item()
         batch = torch.randn(5 if i == 3 else 8, 16)  # a new shape: Dynamo recompiles
         compiling = ae.pending_compiles() > 0
