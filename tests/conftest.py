@@ -151,9 +151,10 @@ def no_stray_frees():
     gc.enable()
 
 
-def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Runs ``code`` in a fresh interpreter (for configuration read at import time)."""
-    full_env = {**os.environ, **(env or {})}
+def run_python(code: str, env: dict[str, str] | None = None, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter (for configuration read at import time), with
+    ``env`` added to this process's environment and the variables in ``unset`` removed."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,

@@ -158,11 +158,7 @@ def test_a_launch_the_host_runs_counts_as_running_ops_not_recording() -> None:
 def test_launches_run_on_the_device_thread_unless_chosen_otherwise() -> None:
     """The default is the device thread: ``auto`` (host runs where kernels take every CPU) makes
     the repeat tracker take some Hugging Face steps for unrepeated (launches.py), so it is a choice."""
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "NEURON_LAB_LAUNCH_RUNNER"}
     code = "import torch, neuron_lab.device.launches as l; torch.zeros(1, device='neuron'); print(l.launch_runner())"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    result = run_python(code, unset=("NEURON_LAB_LAUNCH_RUNNER",))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[-1] == "device_thread"
