@@ -417,8 +417,9 @@ struct Graph {
 // A launch's structure as words, with where each op's words begin; its floating-point
 // scalars apart (launches that differ only in them share a graph).
 struct GraphKey {
-  std::vector<int64_t> words;
+  std::vector<int64_t> words;  // the ops' words, then three per storage (bytes, dead, dtype)
   std::vector<uint32_t> op_offsets;
+  size_t ops_end = 0;          // where the ops' words end
   std::vector<int64_t> scalars;
   const char* uncompilable = nullptr;
 };

@@ -384,6 +384,35 @@ std::string difference_in_op(const Graph& g, const Graph& cached, size_t k) {
   return "";
 }
 
+// What differs in the memory two graphs with the same ops use: a buffer's size, dtype, or
+// whether it stays alive after the launch (a result the program keeps) or dies inside it.
+std::string storage_difference(const Graph& g, const Graph& cached) {
+  constexpr size_t kWordsPerStorage = 3;  // key_of: bytes, dead, dtype
+  const size_t n = (g.key.size() - g.words_end) / kWordsPerStorage;
+  const size_t n_cached = (cached.key.size() - cached.words_end) / kWordsPerStorage;
+  const std::string graph = "graph " + std::to_string(cached.id);
+  if (n != n_cached) {
+    return "it uses " + std::to_string(n) + " buffers here and " + std::to_string(n_cached) + " in " + graph +
+           " (which tensors share memory differs)";
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t* here = g.key.data() + g.words_end + i * kWordsPerStorage;
+    const int64_t* there = cached.key.data() + cached.words_end + i * kWordsPerStorage;
+    const std::string buffer = "buffer " + std::to_string(i);
+    if (here[1] != there[1]) {
+      const auto fate = [](int64_t dead) { return dead ? "dies inside the launch" : "stays alive after it"; };
+      return buffer + " " + fate(here[1]) + " here and " + fate(there[1]) + " in " + graph +
+             " (the program keeps another set of results)";
+    }
+    if (here[0] != there[0]) {
+      return buffer + " holds " + std::to_string(here[0]) + " bytes here and " + std::to_string(there[0]) + " in " +
+             graph + " (a view of a larger or smaller storage)";
+    }
+    if (here[2] != there[2]) return buffer + " has another dtype here than in " + graph;
+  }
+  return "the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
+}
+
 uint64_t op_words_hash(const Graph& g, size_t k) {
   const auto [begin, end] = op_words(g, k);
   return hash_words(begin, static_cast<size_t>(end - begin));
@@ -422,7 +451,7 @@ class GraphCache {
     hit = false;
     auto g = std::make_shared<Graph>();
     g->id = next_id_++;
-    g->words_end = key.words.size();
+    g->words_end = key.ops_end;
     g->op_offsets = std::move(key.op_offsets);
     g->key = std::move(key.words);
     g->key_hash = h;
@@ -513,8 +542,8 @@ class GraphCache {
         e.source = records[i].source;
         return e;
       }
-      e.detail = "same ops and input shapes as graph " + std::to_string(same_ops->id) +
-                 ", but the memory layout differs (which inputs alias, storage sizes, or which results stay alive)";
+      e.detail = "same ops and inputs as graph " + std::to_string(same_ops->id) + ", but " +
+                 storage_difference(g, *same_ops);
       return e;
     }
     e.kind = trace::EventKind::NewGraph;
@@ -578,6 +607,7 @@ GraphKey key_of(const std::vector<Record>& records, const std::vector<StorageUse
   builder.key.words.reserve(records.size() * 32 + storages.size() * 3);
   builder.key.op_offsets.reserve(records.size());
   for (const auto& r : records) builder.record(r);
+  builder.key.ops_end = builder.key.words.size();
   for (const auto& u : storages) {
     builder.put(static_cast<int64_t>(u.storage.nbytes()));
     builder.put(u.dead);
