@@ -14,6 +14,7 @@ import torch
 
 import neuron_lab
 from neuron_lab import adaptive_eager as ae
+from neuron_lab.device.launches import launches_run_on
 
 from conftest import run_in_threads, run_python
 from parity import same_bits
@@ -927,6 +928,7 @@ def test_factories_and_host_copies_are_recorded_without_waiting() -> None:
 # ---- flushing and the bounded graph cache -----------------------------------------------
 
 
+@pytest.mark.usefixtures("launches_on_device_thread")
 def test_an_idle_device_gets_buffered_work_before_any_wait() -> None:
     """Small ops reach an idle device in batches of idle_flush_ops: the device computes
     while the host records the rest (generate() reads a token back every step)."""
@@ -941,6 +943,27 @@ def test_an_idle_device_gets_buffered_work_before_any_wait() -> None:
     assert before_any_wait["flushes"].get("device idle", 0) == 1, before_any_wait["flushes"]
     assert before_any_wait["ops_recorded"] == 8
     torch.testing.assert_close(y.cpu(), x.cpu() + 8)
+
+
+def test_where_the_host_runs_launches_graphs_are_cut_where_the_program_waits() -> None:
+    """No device computes while the host records, so nothing is launched early for an idle
+    one: the ops stay buffered until the program waits, and the graph does not depend on timing."""
+    neuron_lab.configure(idle_flush_ops=8, idle_flush_bytes=1 << 30)
+    x = torch.randn(16, device="neuron")
+    torch.neuron.synchronize()
+    ae.clear_graph_cache()  # (a cached graph that starts alike would be followed to its end)
+    with launches_run_on("host"):
+        ae.reset_counters()
+        y = x
+        for _ in range(24):
+            y = y + 1
+        before_any_wait = ae.counters()
+        assert before_any_wait["launches"] == 0 and before_any_wait["ops_recorded"] == 24, before_any_wait
+        expected = x.cpu()
+        for _ in range(24):
+            expected = expected + 1
+        assert torch.equal(y.cpu(), expected)
+        assert ae.counters()["launches"] == 1
 
 
 def test_a_training_loop_settles_on_its_cached_graphs() -> None:
@@ -999,15 +1022,23 @@ def _launches_per_iteration(x: torch.Tensor, iterations: int, cut: bool) -> list
     return launches
 
 
-def test_graphs_launched_back_to_back_every_iteration_join_into_one() -> None:
+@pytest.mark.parametrize("runner", ["device_thread", "host"])
+def test_graphs_launched_back_to_back_every_iteration_join_into_one(runner: str) -> None:
     """A loop whose first iteration was cut in three (here by waits that later iterations
     do not have; an idle device cuts at timing-dependent places) launches the cached
     graphs back to back each iteration; after a few such iterations the second and third
     join, with the same bits. The first launch after the host's wait stays short: the
-    idle device gets it while the host records the rest."""
+    idle device gets it while the host records the rest. The cached graphs are reused
+    on either runner: the host launches a graph at its cached end when the next op comes,
+    with the same results alive as at the wait that first launched it."""
     neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)  # no idle cut inside a stretch
     x = torch.randn(64, device="neuron")
     torch.neuron.synchronize()
+    with launches_run_on(runner):
+        _join_back_to_back_graphs(x)
+
+
+def _join_back_to_back_graphs(x: torch.Tensor) -> None:
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()

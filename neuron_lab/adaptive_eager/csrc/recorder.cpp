@@ -22,11 +22,13 @@
 //   - otherwise, the device is idle and the buffer holds at least
 //     policy().idle_flush_ops ops or (starting no cached graph) policy().idle_flush_bytes
 //     of results: an idle device gets work promptly, and computes while the host
-//     records the rest;
+//     records the rest (not where the host runs launches itself: nothing would compute
+//     meanwhile);
 //   - in eager mode or under torch.use_deterministic_algorithms(True): every op.
 #include "adaptive_eager.h"
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/accumulate.h>
 #include <c10/util/strides.h>
@@ -341,6 +343,9 @@ struct Buffer {
   // The next launch is the first since the host waited: the device is idle until it
   // arrives, so it stays short (it never joins its successor).
   bool next_after_wait = true;
+  // The buffer has reached its cached graph's end and is launched when the next op comes
+  // (end_cached_graph_locked), where no device would compute meanwhile.
+  bool at_cached_graph_end = false;
 };
 
 // Flushes of the runtime's own policy; every other reason is a wait of the host, or an
@@ -409,6 +414,7 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 // Called with the buffer locked.
 void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   b.just_ended.reset();  // a flush (or a wait that asks for one) comes between two launches
+  b.at_cached_graph_end = false;
   const bool host_waits = !policy_flush(reason);
   if (b.joining.has_value()) {
     // A join that did not reach its length (a wait came first): that pair is not a rule.
@@ -465,6 +471,20 @@ void note_successor(Buffer& b) {
   const GraphSpan next{b.first_record_hash, b.follow_ops};
   successor.times = successor.next == next ? successor.times + 1 : 1;
   successor.next = next;
+}
+
+// Launches a buffer at its cached graph's end; the buffer that follows may join it to its
+// successor (note_successor). Called with the buffer locked.
+void end_cached_graph_locked(Buffer& b, StreamState& s) {
+  const GraphSpan ended{b.first_record_hash, static_cast<int64_t>(b.records.size())};
+  const bool first_after_wait = b.next_after_wait;
+  const auto owner = b.owner;
+  const int graph_task = b.graph_task;
+  flush_locked(b, s, Reason::CachedGraphEnd);
+  // The first launch after a wait stays short: the idle device gets it at once.
+  if (!first_after_wait) {
+    b.just_ended = JustEnded{ended, owner, graph_task, ops_run_at_once_total().load(std::memory_order_relaxed)};
+  }
 }
 
 // Says why the next graph is new: explain() and the timeline show it.
@@ -773,6 +793,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto lock = lock_buffer(b);
   const auto me = std::this_thread::get_id();
   const int graph_task = torch::autograd::get_current_graph_task_id();
+  if (b.at_cached_graph_end) end_cached_graph_locked(b, s);
   if (!b.records.empty() && b.owner != me) {
     flush_locked(b, s, Reason::ThreadSwitch);
   } else if (!b.records.empty() && graph_task != -1 && b.graph_task != graph_task) {
@@ -812,15 +833,21 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         b.follow_ops = joined;  // record on: its successor joins it
         counters().graph_joins.fetch_add(1, std::memory_order_relaxed);
         note_join(b.records.front(), n, joined - n);
+      } else if (host_runs_launches(at::get_num_threads())) {
+        // No device computes meanwhile, so the launch waits for the next op: the program has
+        // dropped by then what it held for this one (the previous op's result), and the same
+        // results stay alive as when a wait launched this graph first. (Which results stay
+        // alive is part of a graph's key: launched inside its last op, a graph first cut at a
+        // wait would be built again.)
+        b.at_cached_graph_end = true;
       } else {
-        const GraphSpan ended{b.first_record_hash, n};
-        const bool first_after_wait = b.next_after_wait;
-        flush_locked(b, s, Reason::CachedGraphEnd);
-        // The first launch after a wait stays short: the idle device gets it at once.
-        if (!first_after_wait) b.just_ended = JustEnded{ended, me, graph_task, ops_run_at_once_total().load(std::memory_order_relaxed)};
+        end_cached_graph_locked(b, s);
       }
     } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
-               (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load()))) {
+               (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load())) &&
+               !host_runs_launches(at::get_num_threads())) {
+      // (Where the host runs each launch as it makes it, no device computes meanwhile: an
+      // early launch would only cut the graph at a place that depends on timing.)
       flush_locked(b, s, Reason::DeviceIdle);
     }
   }
