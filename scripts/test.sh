@@ -14,10 +14,10 @@ if [ -z "${CI:-}" ] && [ "${NEURON_LAB_SECOND_COMBINATION:-0}" != 1 ]; then
 fi
 status=0
 .venv/bin/python -m pytest --ignore=tests/distributed/test_torchtitan.py "$@" || status=$?
-echo "test: the second combination, CPython 3.11 with torch 2.14.1 (scripts/matrix.py --suite ci), NEURON_LAB_LAUNCH_RUNNER=auto"
-# The main combination runs launches on the device threads (the default); the second with
-# NEURON_LAB_LAUNCH_RUNNER=auto, which on CI's machine (kernels take every CPU) runs them on
-# the host (neuron_lab/device/launches.py), so that both ways are tested.
-NEURON_LAB_LAUNCH_RUNNER=auto .venv/bin/python scripts/matrix.py --pythons 3.11 --torches 2.14.1 --suite ci --no-download \
+echo "test: the second combination, CPython 3.11 with torch 2.14.1 (scripts/matrix.py --suite ci), NEURON_LAB_LAUNCH_RUNNER=device_thread"
+# The main combination runs with the default runner, auto, which on CI's machine (kernels take
+# every CPU) runs launches on the host (neuron_lab/device/launches.py); the second on the
+# streams' device threads, so that both ways are tested.
+NEURON_LAB_LAUNCH_RUNNER=device_thread .venv/bin/python scripts/matrix.py --pythons 3.11 --torches 2.14.1 --suite ci --no-download \
   --work "${NEURON_LAB_MATRIX_WORK:-build/matrix}" || status=$((status ? status : 1))
 exit "$status"

@@ -11,15 +11,13 @@ thread's thread count, so results keep their bits; errors still surface at the n
 
 ``NEURON_LAB_LAUNCH_RUNNER`` (read at import) or :func:`set_launch_runner` chooses:
 
-``device_thread``  always the stream's device thread (the default)
-``auto``           the host where kernels take every usable CPU, else the device thread
+``auto``           the host where kernels take every usable CPU, else the device thread (the default)
+``device_thread``  always the stream's device thread
 ``host``           always the launching host thread
 
-``auto`` is not the default yet: on this project's 2-core machine it makes tiny Llama and UNet
-training steps 1.07x and 1.02x CPU eager at default threads (1.47x and 1.66x on the device
-thread), but with every launch finished by the time the host records the next, adaptive eager's
-repeat tracker takes some Hugging Face steps for unrepeated and runs their ops at once: notebook
-6's explained GPT-2 step waits 9 times (7 at dropout's ``bernoulli_``) instead of 2.
+Adaptive eager's policy follows the choice: where the host runs a launch, no device computes
+while the host records the next, so a buffer is not launched early for an idle device
+(``recorder.cpp``): graphs are cut where the program waits, not where timing happened to.
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ def _parse(value: LaunchRunner | str, source: str) -> LaunchRunner:
 
 
 def launch_runner() -> LaunchRunner:
-    """The current choice (``device_thread`` unless set)."""
+    """The current choice (``auto`` unless set)."""
     from neuron_lab.device import _C
 
     return LaunchRunner(_C.launch_runner())
@@ -88,4 +86,4 @@ def host_runs_launches(intra_op_threads: int | None = None) -> bool:
 def from_environment(environ: dict[str, str] | None = None) -> LaunchRunner:
     """``NEURON_LAB_LAUNCH_RUNNER``'s choice (read before the device loads); raises ValueError on a bad value."""
     env = os.environ if environ is None else environ
-    return _parse(env.get(ENVIRONMENT_VARIABLE, LaunchRunner.DEVICE_THREAD.value), ENVIRONMENT_VARIABLE)
+    return _parse(env.get(ENVIRONMENT_VARIABLE, LaunchRunner.AUTO.value), ENVIRONMENT_VARIABLE)

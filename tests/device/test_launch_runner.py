@@ -155,10 +155,9 @@ def test_a_launch_the_host_runs_counts_as_running_ops_not_recording() -> None:
     assert ran > 5 * record_total, (ran, record_total)
 
 
-def test_launches_run_on_the_device_thread_unless_chosen_otherwise() -> None:
-    """The default is the device thread: ``auto`` (host runs where kernels take every CPU) makes
-    the repeat tracker take some Hugging Face steps for unrepeated (launches.py), so it is a choice."""
+def test_launches_run_where_auto_decides_unless_chosen_otherwise() -> None:
+    """The default is ``auto``: the host runs a launch where its kernels take every usable CPU."""
     code = "import torch, neuron_lab.device.launches as l; torch.zeros(1, device='neuron'); print(l.launch_runner())"
     result = run_python(code, unset=("NEURON_LAB_LAUNCH_RUNNER",))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[-1] == "device_thread"
+    assert result.stdout.split()[-1] == "auto"

@@ -484,7 +484,7 @@ int usable_cpus() {
   return count;
 }
 
-std::atomic<LaunchRunner> g_launch_runner{LaunchRunner::DeviceThread};  // launches.py: the default
+std::atomic<LaunchRunner> g_launch_runner{LaunchRunner::Auto};  // launches.py: the default
 }  // namespace
 
 LaunchRunner launch_runner() { return g_launch_runner.load(std::memory_order_relaxed); }
