@@ -71,10 +71,15 @@ def configure(
     graph_cache_size: Optional[int] = None,
     idle_flush_ops: Optional[int] = None,
     run_unrepeated_at_once: Optional[bool] = None,
+    max_bytes: Optional[int] = None,
 ) -> dict:
     """Sets knobs of adaptive eager; returns the resulting policy.
 
     max_ops: most ops in one graph (default 256; ``NEURON_LAB_MAX_GRAPH_OPS``).
+    max_bytes: most bytes of live results in one graph, past its newest op's (default 8 MiB;
+        intermediates that die inside the graph do not count). A launch gives its live
+        results memory when it starts and frees what it read when it ends, so bounded graphs
+        keep peak memory near eager mode's.
     idle_flush_bytes, idle_flush_ops: when the device is idle and this many bytes of
         results (default 1 MiB) or this many ops (default 32) are buffered, they are
         launched at once instead of waiting to grow (with ``compile=True``: unless a
@@ -104,6 +109,7 @@ def configure(
     current = _native.policy()
     new = {
         "max_ops": current["max_ops"] if max_ops is None else int(max_ops),
+        "max_bytes": current["max_bytes"] if max_bytes is None else int(max_bytes),
         "idle_flush_bytes": current["idle_flush_bytes"] if idle_flush_bytes is None else int(idle_flush_bytes),
         "compile_after": current["compile_after"] if compile_after is None else int(compile_after),
         "compile": current["compile"] if compile is None else bool(compile),
@@ -115,6 +121,8 @@ def configure(
     }
     if new["max_ops"] < 1:
         raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
+    if new["max_bytes"] < 1:
+        raise ValueError(f"max_bytes must be at least 1, got {new['max_bytes']}")
     if new["compile_after"] < 1:
         raise ValueError(f"compile_after must be at least 1, got {new['compile_after']}")
     if new["idle_flush_bytes"] < 0:
@@ -129,7 +137,7 @@ def configure(
         compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
                       new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"],
-                      new["run_unrepeated_at_once"])
+                      new["run_unrepeated_at_once"], new["max_bytes"])
     return policy()
 
 

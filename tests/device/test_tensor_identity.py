@@ -176,7 +176,7 @@ def test_results_not_computed_yet_never_run_the_device_out_of_memory() -> None:
     result = run_python("""
         import torch, neuron_lab
         import neuron_lab.adaptive_eager as ae
-        neuron_lab.configure(idle_flush_bytes=1 << 40, idle_flush_ops=10**6, max_ops=256)
+        neuron_lab.configure(idle_flush_bytes=1 << 40, idle_flush_ops=10**6, max_ops=256, max_bytes=1 << 40)
         x = torch.ones(1 << 20, device="neuron")
         y = x
         for _ in range(40):

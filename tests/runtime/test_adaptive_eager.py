@@ -966,6 +966,39 @@ def test_where_the_host_runs_launches_graphs_are_cut_where_the_program_waits() -
         assert ae.counters()["launches"] == 1
 
 
+@pytest.mark.parametrize("runner", ["device_thread", "host"])
+def test_a_graph_holds_at_most_max_bytes_of_live_results(runner: str) -> None:
+    """A launch gives its live results memory when it starts: a graph is cut once the results
+    the program keeps reach max_bytes, so peak memory stays near eager mode's. Intermediates
+    that die inside the graph do not count: a chain of them stays one graph."""
+    neuron_lab.configure(max_bytes=1 << 20, idle_flush_ops=1000, idle_flush_bytes=1 << 30)
+    x = torch.randn(64 * 1024, device="neuron")  # 256 KiB
+    ae.clear_graph_cache()
+    torch.neuron.synchronize()
+    with launches_run_on(runner):
+        ae.reset_counters()
+        kept = [x]
+        for _ in range(12):
+            kept.append(kept[-1] + 1)
+        torch.neuron.synchronize()
+        # 12 results of 256 KiB: past the newest, 1 MiB at the 5th and at the 10th
+        assert ae.counters()["flushes"].get("result bytes", 0) == 2, ae.counters()["flushes"]
+        ae.reset_counters()
+        y = x
+        for _ in range(12):
+            y = y * 1.5 - 1
+        torch.neuron.synchronize()
+        assert "result bytes" not in ae.counters()["flushes"], ae.counters()["flushes"]
+    expected = x.cpu()
+    for i, t in enumerate(kept[1:], 1):
+        expected = expected + 1
+        assert torch.equal(t.cpu(), expected), i
+    expected = x.cpu()
+    for _ in range(12):
+        expected = expected * 1.5 - 1
+    assert torch.equal(y.cpu(), expected)
+
+
 def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     """Once warm, a loop's buffers follow the cached graphs to their ends, wherever an idle
     device cut them first: no new graph per step, whatever the device's timing. (Graphs

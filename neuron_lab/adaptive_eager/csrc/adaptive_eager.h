@@ -50,6 +50,7 @@ void set_mode(Mode m);  // finishes all pending work first
 // Knobs of the flush policy and of the compile tier (see docs in the package).
 struct Policy {
   std::atomic<int64_t> max_ops{256};             // a graph never holds more ops
+  std::atomic<int64_t> max_bytes{8 << 20};       // ... nor more bytes of live results (past its newest op's)
   std::atomic<int64_t> idle_flush_bytes{1 << 20};  // an idle device gets this much work at once
   std::atomic<int64_t> idle_flush_ops{32};         // ... or this many ops
   std::atomic<int64_t> compile_after{10};        // launches of a graph before it is compiled
@@ -360,6 +361,17 @@ struct StorageUse {
   c10::SmallVector<const c10::TensorImpl*, 2> impls;  // most storages have one or two tensors
   int64_t first_record = 0, last_record = 0;  // the records of the launch that use it
 };
+
+// The storages a launch's records use, in order of first use (index: a storage's place),
+// with which pending results are dead (nothing but the records holds them).
+struct StorageUses {
+  std::vector<StorageUse> storages;
+  std::unordered_map<const c10::StorageImpl*, int> index;
+};
+StorageUses storage_uses(const std::vector<Record>& records);
+// Bytes of the records' pending results that something outside them holds (the memory
+// their launch would give now), but the newest record's, which the program holds anyway.
+int64_t live_pending_bytes(const std::vector<Record>& records);
 
 // ---- scratch.cpp ---------------------------------------------------------------------
 // A dead intermediate of a launch and the records that use it.

@@ -113,22 +113,17 @@ trace::OpRecord op_record(const Record& r) {
 }  // namespace
 
 
-void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, Reason reason) {
-  auto l = std::make_shared<Launch>();
-  l->records = std::move(records);
-  const auto stream_handle = stream_of(stream);
-  l->device = stream_handle.device_index();
-  l->stream_id = stream_handle.id();
-
+StorageUses storage_uses(const std::vector<Record>& records) {
+  StorageUses out;
+  auto& storages = out.storages;
+  auto& index = out.index;
   // Storages in order of first use, and how often the records hold each tensor.
-  std::unordered_map<const c10::StorageImpl*, int> index;
-  std::vector<StorageUse> storages;
   std::unordered_map<const c10::TensorImpl*, int> held;
-  index.reserve(2 * l->records.size());
-  storages.reserve(2 * l->records.size());
-  held.reserve(3 * l->records.size());
-  for (size_t record_index = 0; record_index < l->records.size(); ++record_index) {
-    const auto& r = l->records[record_index];
+  index.reserve(2 * records.size());
+  storages.reserve(2 * records.size());
+  held.reserve(3 * records.size());
+  for (size_t record_index = 0; record_index < records.size(); ++record_index) {
+    const auto& r = records[record_index];
     for_each_record_tensor(r, [&](const at::Tensor& t, bool write) {
       if (!on_device(t)) return;
       held[t.unsafeGetTensorImpl()] += 1;
@@ -152,8 +147,6 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   }
   // A pending result is dead when nothing but these records holds it: its
   // storage is held only by tensors the records hold, and those only by them.
-  auto& c = counters();
-  int64_t allocated_bytes = 0;
   for (auto& u : storages) {
     if (!is_pending(u.storage)) continue;
     // u.storage itself holds one reference; each tensor of the records another.
@@ -162,10 +155,36 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
     for (const auto* impl : u.impls) {
       dead = dead && cpp_refs(impl, python_holds) == static_cast<uint32_t>(held[impl]);
     }
-    dead = dead && !python_holds;
-    u.dead = dead;
-    if (!dead) allocated_bytes += static_cast<int64_t>(u.storage.nbytes());
-    if (dead) {
+    u.dead = dead && !python_holds;
+  }
+  return out;
+}
+
+int64_t live_pending_bytes(const std::vector<Record>& records) {
+  int64_t bytes = 0;
+  const auto newest = static_cast<int64_t>(records.size()) - 1;
+  for (const auto& u : storage_uses(records).storages) {
+    if (is_pending(u.storage) && !u.dead && u.first_record != newest) bytes += static_cast<int64_t>(u.storage.nbytes());
+  }
+  return bytes;
+}
+
+void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, Reason reason) {
+  auto l = std::make_shared<Launch>();
+  l->records = std::move(records);
+  const auto stream_handle = stream_of(stream);
+  l->device = stream_handle.device_index();
+  l->stream_id = stream_handle.id();
+
+  StorageUses uses = storage_uses(l->records);
+  auto& storages = uses.storages;
+  const auto& index = uses.index;
+  auto& c = counters();
+  int64_t allocated_bytes = 0;
+  for (auto& u : storages) {
+    if (!is_pending(u.storage)) continue;
+    if (!u.dead) allocated_bytes += static_cast<int64_t>(u.storage.nbytes());
+    if (u.dead) {
       c.dead_intermediate_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
     } else {
       c.live_result_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);

@@ -39,8 +39,9 @@ void register_bindings(py::module& m) {
   m.def("get_mode", []() { return static_cast<int>(mode()); });
   m.def("configure", [](int64_t max_ops, int64_t idle_flush_bytes, int64_t compile_after, bool compile,
                         bool capture_source, int64_t graph_cache_size, int64_t idle_flush_ops,
-                        bool run_unrepeated_at_once) {
+                        bool run_unrepeated_at_once, int64_t max_bytes) {
     auto& p = policy();
+    p.max_bytes = max_bytes;
     p.run_unrepeated_at_once = run_unrepeated_at_once;
     p.idle_flush_ops = idle_flush_ops;
     p.max_ops = max_ops;
@@ -54,6 +55,7 @@ void register_bindings(py::module& m) {
     auto& p = policy();
     py::dict d;
     d["max_ops"] = p.max_ops.load();
+    d["max_bytes"] = p.max_bytes.load();
     d["idle_flush_bytes"] = p.idle_flush_bytes.load();
     d["compile_after"] = p.compile_after.load();
     d["compile"] = p.compile.load();

@@ -11,7 +11,9 @@
 //   - an autograd backward pass starts on the recording thread (so a training
 //     step's forward is one graph, its backward and optimizer ops the next:
 //     stable graphs, wherever the engine runs backward);
-//   - it holds policy().max_ops ops;
+//   - it holds policy().max_ops ops, or its live results (past the newest op's) reach
+//     policy().max_bytes: a launch gives them memory at its start, so bounded graphs keep
+//     peak memory near eager mode's;
 //   - it starts like a cached graph of at least policy().idle_flush_ops ops and has
 //     reached that graph's length: a loop settles on the same graphs every iteration,
 //     whatever the device's timing (a buffer following a cached graph is not cut before
@@ -25,6 +27,9 @@
 //     records the rest (not where the host runs launches itself: nothing would compute
 //     meanwhile);
 //   - in eager mode or under torch.use_deterministic_algorithms(True): every op.
+// Where the host runs launches (launches.py), the idle-device rule does not apply, and the
+// policy's own cuts are made when the next op comes (so a graph's key sees the same results
+// alive however it was first cut).
 #include "adaptive_eager.h"
 
 #include <ATen/Context.h>
@@ -309,6 +314,7 @@ struct GraphSpanHash {
 struct Successor {
   GraphSpan next;
   int times = 0;
+  bool too_big = false;  // joined, the pair held more than policy().max_bytes of results: never again
 };
 
 // A launch at a cached graph's end, while nothing has happened on the host since.
@@ -343,15 +349,17 @@ struct Buffer {
   // The next launch is the first since the host waited: the device is idle until it
   // arrives, so it stays short (it never joins its successor).
   bool next_after_wait = true;
-  // The buffer has reached its cached graph's end and is launched when the next op comes
-  // (end_cached_graph_locked), where no device would compute meanwhile.
-  bool at_cached_graph_end = false;
+  // Where the host runs launches: the policy's cut, made when the next op comes (try_record).
+  std::optional<Reason> cut_before_next;
+  // bytes at which the live results are counted next, at least max_bytes (live_results_fill_a_graph)
+  int64_t next_live_check = 0;
 };
 
 // Flushes of the runtime's own policy; every other reason is a wait of the host, or an
 // order of the user's, after which the device runs dry.
 bool policy_flush(Reason reason) {
   return reason == Reason::CachedGraphEnd || reason == Reason::DeviceIdle || reason == Reason::OpLimit ||
+         reason == Reason::ResultBytes ||
          reason == Reason::BackwardStart || reason == Reason::ThreadSwitch || reason == Reason::Eager;
 }
 
@@ -414,11 +422,16 @@ std::unique_lock<std::mutex> lock_buffer(Buffer& b) {
 // Called with the buffer locked.
 void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   b.just_ended.reset();  // a flush (or a wait that asks for one) comes between two launches
-  b.at_cached_graph_end = false;
+  b.cut_before_next.reset();
   const bool host_waits = !policy_flush(reason);
   if (b.joining.has_value()) {
-    // A join that did not reach its length (a wait came first): that pair is not a rule.
-    if (static_cast<int64_t>(b.records.size()) != b.follow_ops) b.successors.erase(*b.joining);
+    // A join that did not reach its length (a wait came first): that pair is not a rule;
+    // one cut by its results' size is one never to join again.
+    if (reason == Reason::ResultBytes) {
+      b.successors[*b.joining].too_big = true;
+    } else if (static_cast<int64_t>(b.records.size()) != b.follow_ops) {
+      b.successors.erase(*b.joining);
+    }
     b.joining.reset();
   }
   if (b.records.empty()) {
@@ -438,6 +451,7 @@ void flush_locked(Buffer& b, StreamState& s, Reason reason) {
   } unbuffer{n_records};
   b.records.reserve(records.size());  // the next buffer is likely as long: no regrowth per op
   b.bytes = 0;
+  b.next_live_check = 0;
   b.first_checked = false;
   counters().count_flush(reason);
   const bool use_cache = mode() == Mode::Adaptive && reason != Reason::Eager;
@@ -487,6 +501,14 @@ void end_cached_graph_locked(Buffer& b, StreamState& s) {
   }
 }
 
+// Whether the buffer's live results reached policy().max_bytes. Counting them walks the
+// records, so it is done only each time the bytes written grow by another quarter of it.
+bool live_results_fill_a_graph(Buffer& b) {
+  const int64_t max_bytes = policy().max_bytes.load();
+  b.next_live_check = b.bytes + std::max<int64_t>(max_bytes / 4, 1);
+  return live_pending_bytes(b.records) >= max_bytes;
+}
+
 // Says why the next graph is new: explain() and the timeline show it.
 void note_join(const Record& first, int64_t n_ops, int64_t next_ops) {
   trace::Event e;
@@ -504,7 +526,7 @@ void note_join(const Record& first, int64_t n_ops, int64_t next_ops) {
 // follows: that graph's, or with its usual successor joined on.
 int64_t joined_length(const Buffer& b) {
   const auto it = b.successors.find(GraphSpan{b.first_record_hash, b.follow_ops});
-  if (it == b.successors.end() || it->second.times < kJoinAfter) return b.follow_ops;
+  if (it == b.successors.end() || it->second.times < kJoinAfter || it->second.too_big) return b.follow_ops;
   const int64_t joined = b.follow_ops + it->second.next.n_ops;
   return joined <= policy().max_ops.load() ? joined : b.follow_ops;
 }
@@ -793,7 +815,13 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto lock = lock_buffer(b);
   const auto me = std::this_thread::get_id();
   const int graph_task = torch::autograd::get_current_graph_task_id();
-  if (b.at_cached_graph_end) end_cached_graph_locked(b, s);
+  if (const auto cut = b.cut_before_next) {
+    if (*cut == Reason::CachedGraphEnd) {
+      end_cached_graph_locked(b, s);
+    } else {
+      flush_locked(b, s, *cut);
+    }
+  }
   if (!b.records.empty() && b.owner != me) {
     flush_locked(b, s, Reason::ThreadSwitch);
   } else if (!b.records.empty() && graph_task != -1 && b.graph_task != graph_task) {
@@ -815,8 +843,32 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const bool per_op = mode() == Mode::Eager || at::globalContext().deterministicAlgorithms();
   if (per_op) {
     flush_locked(b, s, Reason::Eager);
-  } else if (static_cast<int64_t>(b.records.size()) >= policy().max_ops.load()) {
-    flush_locked(b, s, Reason::OpLimit);
+    return true;
+  }
+  // Where the host runs each launch as it makes it, no device computes while the host
+  // records. The policy's cuts then wait for the next op, so that a graph's key sees the
+  // same results alive however it was cut (the program has dropped by then what it held for
+  // this op, e.g. the previous result in y = f(y), as at a wait); and nothing is launched
+  // early for an idle device: graphs end where the program waits, at a cached graph's end,
+  // at max_ops, or once their results reach idle_flush_bytes (memory stays bounded).
+  const bool host_runs = host_runs_launches(at::get_num_threads());
+  const auto cut = [&](Reason reason) {
+    if (host_runs) {
+      b.cut_before_next = reason;
+    } else if (reason == Reason::CachedGraphEnd) {
+      end_cached_graph_locked(b, s);
+    } else {
+      flush_locked(b, s, reason);
+    }
+  };
+  const int64_t buffered = static_cast<int64_t>(b.records.size());
+  if (buffered >= policy().max_ops.load()) {
+    cut(Reason::OpLimit);
+  } else if (b.bytes >= std::max(b.next_live_check, policy().max_bytes.load()) && live_results_fill_a_graph(b)) {
+    // A launch gives its live results memory when it starts and frees what it read when it
+    // ends: graphs bounded by their live results keep the device's peak memory near eager
+    // mode's. (Dead intermediates do not count: they share scratch as eager's would.)
+    cut(Reason::ResultBytes);
   } else if (!tl_in_torch_compile_graph) {
     // A buffer that starts like a cached graph follows it: held to that graph's length
     // whatever the device does meanwhile, and launched there when the graph is long
@@ -824,31 +876,21 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     // it), so a loop settles on the same graphs every iteration. Otherwise an idle device
     // gets the buffered work now and computes while the host records the rest (generate()
     // reads a token back every step). A torch.compile graph is launched whole at its end.
-    const int64_t n = static_cast<int64_t>(b.records.size());
     const int64_t enough_ops = policy().idle_flush_ops.load();
     const bool follows = follows_cached_graph(b);
-    if (follows && n == b.follow_ops && n >= enough_ops) {
-      if (const int64_t joined = joined_length(b); joined > n) {
-        b.joining = GraphSpan{b.first_record_hash, n};
+    const bool enough_bytes = !follows && b.bytes >= policy().idle_flush_bytes.load();
+    if (follows && buffered == b.follow_ops && buffered >= enough_ops) {
+      if (const int64_t joined = joined_length(b); joined > buffered) {
+        b.joining = GraphSpan{b.first_record_hash, buffered};
         b.follow_ops = joined;  // record on: its successor joins it
         counters().graph_joins.fetch_add(1, std::memory_order_relaxed);
-        note_join(b.records.front(), n, joined - n);
-      } else if (host_runs_launches(at::get_num_threads())) {
-        // No device computes meanwhile, so the launch waits for the next op: the program has
-        // dropped by then what it held for this one (the previous op's result), and the same
-        // results stay alive as when a wait launched this graph first. (Which results stay
-        // alive is part of a graph's key: launched inside its last op, a graph first cut at a
-        // wait would be built again.)
-        b.at_cached_graph_end = true;
+        note_join(b.records.front(), buffered, joined - buffered);
       } else {
-        end_cached_graph_locked(b, s);
+        cut(Reason::CachedGraphEnd);
       }
-    } else if ((!follows || n > b.follow_ops) && stream_idle(s) &&
-               (n >= enough_ops || (!follows && b.bytes >= policy().idle_flush_bytes.load())) &&
-               !host_runs_launches(at::get_num_threads())) {
-      // (Where the host runs each launch as it makes it, no device computes meanwhile: an
-      // early launch would only cut the graph at a place that depends on timing.)
-      flush_locked(b, s, Reason::DeviceIdle);
+    } else if (!host_runs && (!follows || buffered > b.follow_ops) && stream_idle(s) &&
+               (buffered >= enough_ops || enough_bytes)) {
+      cut(Reason::DeviceIdle);
     }
   }
   return true;

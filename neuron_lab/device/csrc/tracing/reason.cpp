@@ -34,6 +34,7 @@ const char* reason_name(Reason reason) {
     case Reason::BackwardStart: return "backward start";
     case Reason::CachedGraphEnd: return "cached graph's end";
     case Reason::DeviceIdle: return "device idle";
+    case Reason::ResultBytes: return "result bytes";
     case Reason::CompiledGraphEnd: return "end of a compiled graph";
     case Reason::kCount: break;
   }

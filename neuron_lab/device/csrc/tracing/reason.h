@@ -44,6 +44,7 @@ enum class Reason : uint8_t {
   BackwardStart,     // autograd's backward pass starts
   CachedGraphEnd,    // the buffer reached the end of the cached graph it follows
   DeviceIdle,        // the device has nothing to do
+  ResultBytes,       // the buffer's results reached policy().max_bytes
   CompiledGraphEnd,  // a torch.compile graph recorded whole
   kCount
 };
