@@ -121,6 +121,8 @@ class RepeatTracker {
   // Whether the next op, arriving with nothing buffered and the device idle, runs at once.
   bool run_at_once() const { return unrepeated_.load(std::memory_order_relaxed) && !probing_.load(std::memory_order_relaxed); }
   bool unrepeated() const { return unrepeated_.load(std::memory_order_relaxed); }
+  // Whether a probe records a stretch to find out if graphs repeat again.
+  bool probing() const { return probing_.load(std::memory_order_relaxed); }
   // Whether the launches that made ops run at once wrote under kSmallOpBytes per op: such
   // an op waits for a launch still running rather than be recorded behind it.
   bool ops_are_small() const { return small_ops_.load(std::memory_order_relaxed); }

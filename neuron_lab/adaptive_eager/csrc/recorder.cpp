@@ -359,7 +359,7 @@ struct Buffer {
 // order of the user's, after which the device runs dry.
 bool policy_flush(Reason reason) {
   return reason == Reason::CachedGraphEnd || reason == Reason::DeviceIdle || reason == Reason::OpLimit ||
-         reason == Reason::ResultBytes ||
+         reason == Reason::ResultBytes || reason == Reason::ProbeMiss ||
          reason == Reason::BackwardStart || reason == Reason::ThreadSwitch || reason == Reason::Eager;
 }
 
@@ -888,6 +888,14 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       } else {
         cut(Reason::CachedGraphEnd);
       }
+    } else if (host_runs && repeats().probing() && (!follows || buffered > b.follow_ops) &&
+               (buffered >= enough_ops || enough_bytes)) {
+      // A probe that has recorded as much as an idle device would get, and holds ops no cached
+      // graph holds, will miss: launched now (not at the next op, nor at the program's next
+      // wait), the miss ends the probe and the next ops run at once again, as an idle device's
+      // early launch ends it on the device thread. (A shorter stretch is recorded whole: the
+      // graph it builds lets the next probe of a repeating program hit.)
+      flush_locked(b, s, Reason::ProbeMiss);
     } else if (!host_runs && (!follows || buffered > b.follow_ops) && stream_idle(s) &&
                (buffered >= enough_ops || enough_bytes)) {
       cut(Reason::DeviceIdle);

@@ -224,6 +224,7 @@ void register_trace_bindings(py::module& m) {
   reason.value("CACHED_GRAPH_END", Reason::CachedGraphEnd);
   reason.value("DEVICE_IDLE", Reason::DeviceIdle);
   reason.value("RESULT_BYTES", Reason::ResultBytes);
+  reason.value("PROBE_MISS", Reason::ProbeMiss);
   reason.value("COMPILED_GRAPH_END", Reason::CompiledGraphEnd);
   reason.def_property_readonly("words", [](Reason r) { return reason_name(r); },
                                "The reason in words, as counters and explanations show it.");

@@ -35,6 +35,7 @@ const char* reason_name(Reason reason) {
     case Reason::CachedGraphEnd: return "cached graph's end";
     case Reason::DeviceIdle: return "device idle";
     case Reason::ResultBytes: return "result bytes";
+    case Reason::ProbeMiss: return "probe miss";
     case Reason::CompiledGraphEnd: return "end of a compiled graph";
     case Reason::kCount: break;
   }

@@ -45,6 +45,7 @@ enum class Reason : uint8_t {
   CachedGraphEnd,    // the buffer reached the end of the cached graph it follows
   DeviceIdle,        // the device has nothing to do
   ResultBytes,       // the buffer's results reached policy().max_bytes
+  ProbeMiss,         // a probe (RepeatTracker) records ops no cached graph holds: it ends now
   CompiledGraphEnd,  // a torch.compile graph recorded whole
   kCount
 };
