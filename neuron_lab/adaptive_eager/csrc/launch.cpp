@@ -183,10 +183,10 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   int64_t allocated_bytes = 0;
   for (auto& u : storages) {
     if (!is_pending(u.storage)) continue;
-    if (!u.dead) allocated_bytes += static_cast<int64_t>(u.storage.nbytes());
     if (u.dead) {
       c.dead_intermediate_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
     } else {
+      allocated_bytes += static_cast<int64_t>(u.storage.nbytes());
       c.live_result_bytes.fetch_add(u.storage.nbytes(), std::memory_order_relaxed);
       try {
         materialize(u.storage);

@@ -501,6 +501,16 @@ void end_cached_graph_locked(Buffer& b, StreamState& s) {
   }
 }
 
+// Launches the buffer now for one of the policy's cuts (at a cached graph's end, noting it
+// for a join with what follows). Called with the buffer locked.
+void cut_locked(Buffer& b, StreamState& s, Reason reason) {
+  if (reason == Reason::CachedGraphEnd) {
+    end_cached_graph_locked(b, s);
+  } else {
+    flush_locked(b, s, reason);
+  }
+}
+
 // Whether the buffer's live results reached policy().max_bytes. Counting them walks the
 // records, so it is done only each time the bytes written grow by another quarter of it.
 bool live_results_fill_a_graph(Buffer& b) {
@@ -815,13 +825,7 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto lock = lock_buffer(b);
   const auto me = std::this_thread::get_id();
   const int graph_task = torch::autograd::get_current_graph_task_id();
-  if (const auto cut = b.cut_before_next) {
-    if (*cut == Reason::CachedGraphEnd) {
-      end_cached_graph_locked(b, s);
-    } else {
-      flush_locked(b, s, *cut);
-    }
-  }
+  if (const auto cut = b.cut_before_next) cut_locked(b, s, *cut);
   if (!b.records.empty() && b.owner != me) {
     flush_locked(b, s, Reason::ThreadSwitch);
   } else if (!b.records.empty() && graph_task != -1 && b.graph_task != graph_task) {
@@ -850,15 +854,14 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // same results alive however it was cut (the program has dropped by then what it held for
   // this op, e.g. the previous result in y = f(y), as at a wait); and nothing is launched
   // early for an idle device: graphs end where the program waits, at a cached graph's end,
-  // at max_ops, or once their results reach idle_flush_bytes (memory stays bounded).
-  const bool host_runs = host_runs_launches(at::get_num_threads());
+  // at max_ops, or once their live results reach max_bytes. (Asked only where a cut is due:
+  // most ops make none.)
+  const auto host_runs = [] { return host_runs_launches(at::get_num_threads()); };
   const auto cut = [&](Reason reason) {
-    if (host_runs) {
+    if (host_runs()) {
       b.cut_before_next = reason;
-    } else if (reason == Reason::CachedGraphEnd) {
-      end_cached_graph_locked(b, s);
     } else {
-      flush_locked(b, s, reason);
+      cut_locked(b, s, reason);
     }
   };
   const int64_t buffered = static_cast<int64_t>(b.records.size());
@@ -888,17 +891,17 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       } else {
         cut(Reason::CachedGraphEnd);
       }
-    } else if (host_runs && repeats().probing() && (!follows || buffered > b.follow_ops) &&
-               (buffered >= enough_ops || enough_bytes)) {
-      // A probe that has recorded as much as an idle device would get, and holds ops no cached
-      // graph holds, will miss: launched now (not at the next op, nor at the program's next
-      // wait), the miss ends the probe and the next ops run at once again, as an idle device's
-      // early launch ends it on the device thread. (A shorter stretch is recorded whole: the
-      // graph it builds lets the next probe of a repeating program hit.)
-      flush_locked(b, s, Reason::ProbeMiss);
-    } else if (!host_runs && (!follows || buffered > b.follow_ops) && stream_idle(s) &&
-               (buffered >= enough_ops || enough_bytes)) {
-      cut(Reason::DeviceIdle);
+    } else if ((!follows || buffered > b.follow_ops) && (buffered >= enough_ops || enough_bytes)) {
+      if (!host_runs()) {
+        if (stream_idle(s)) flush_locked(b, s, Reason::DeviceIdle);
+      } else if (repeats().probing()) {
+        // A probe that has recorded as much as an idle device would get, and holds ops no
+        // cached graph holds, will miss: launched now (not at the next op, nor at the program's
+        // next wait), the miss ends the probe and the next ops run at once again, as an idle
+        // device's early launch ends it on the device thread. (A shorter stretch is recorded
+        // whole: the graph it builds lets the next probe of a repeating program hit.)
+        flush_locked(b, s, Reason::ProbeMiss);
+      }
     }
   }
   return true;

@@ -110,10 +110,10 @@ class SingleThreadedKernels {
   int previous_;          // OpenMP's
   int previous_mkl_ = 0;  // MKL's
 };
-// Where launches run. DeviceThread (the default): the stream's device thread, which overlaps
-// them with the host's recording. Auto: on the host thread that launches them where their
+// Where launches run. Auto (the default): on the host thread that launches them where their
 // kernels' threads (torch.get_num_threads()) take every CPU the process may use, else on the
-// device thread. Host: always the launching host thread.
+// stream's device thread. DeviceThread: always the device thread, which overlaps them with the
+// host's recording. Host: always the launching host thread.
 enum class LaunchRunner : uint8_t { Auto, DeviceThread, Host };
 LaunchRunner launch_runner();
 void set_launch_runner(LaunchRunner runner);
