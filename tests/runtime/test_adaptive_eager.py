@@ -1168,9 +1168,10 @@ def small_ops_recorded():
     """For tests of the rules that decide whether graphs repeat: small ops stay recorded where
     the host runs launches too (configure's run_small_ops_at_once, which would otherwise run
     them at once after 32 launches on a machine whose kernels take every CPU)."""
+    previous = ae.policy()["run_small_ops_at_once"]
     neuron_lab.configure(run_small_ops_at_once=False)
     yield
-    neuron_lab.configure(run_small_ops_at_once=True)
+    neuron_lab.configure(run_small_ops_at_once=previous)
 
 
 @pytest.mark.usefixtures("small_ops_recorded")

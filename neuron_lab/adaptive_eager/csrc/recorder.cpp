@@ -133,6 +133,8 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   if (seen_ < kWindow) return;
   const int hits = std::popcount(window_);
   static_assert(kMaxHitsUnrepeated <= kMaxHitsOfSmallOps, "both rules below need the window's sums");
+  const bool host_replays = replay_costs_more_than_running();
+  if (hits > kMaxHitsOfSmallOps && !host_replays) return;  // no rule below can fire
   std::array<int64_t, 2> window_ops{}, window_bytes{};  // of the window's launches: [miss, hit]
   for (int ago = 0; ago < kWindow; ++ago) {
     const int was_hit = static_cast<int>((window_ >> ago) & 1u);
@@ -143,7 +145,7 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   const int64_t all_ops = window_ops[0] + window_ops[1];
   const int64_t bytes_per_op = (window_bytes[0] + window_bytes[1]) / std::max<int64_t>(all_ops, 1);
   // Small ops where the host runs launches: replaying them costs more than running them.
-  if (all_ops > 0 && bytes_per_op < kHostReplayOpBytes && replay_costs_more_than_running()) {
+  if (host_replays && all_ops > 0 && bytes_per_op < kHostReplayOpBytes) {
     return set_unrepeated_locked(true, Unrepeated::SmallOpsOnHost, bytes_per_op);
   }
   if (hits > kMaxHitsOfSmallOps) return;
@@ -242,6 +244,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
   e.kind = trace::EventKind::Policy;
   e.what = unrepeated ? "ops run at once" : "ops recorded again";
   std::string repeated;
+  std::string costs = ", so building graphs costs more than fusing saves:";
   switch (why) {
     case Unrepeated::FewHits:
       repeated = "at most " + std::to_string(kMaxHitsUnrepeated) + " of the last " + std::to_string(kWindow) +
@@ -256,8 +259,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
       repeated = "the last " + std::to_string(kWindow) + " graphs hold small ops (" + std::to_string(small_op_bytes) +
                  " bytes written per op) and the host runs launches (kernels take every usable CPU), so a replay "
                  "runs the same kernels later on the same thread";
-      e.detail = repeated + ": replaying small ops costs more than running them, so ops run at once while "
-                            "nothing is buffered";
+      costs = ": replaying small ops costs more than running them, so";
       break;
     case Unrepeated::Regrown:
       repeated = std::to_string(kRegrownMisses) + " graphs of small ops (" + std::to_string(small_op_bytes) +
@@ -265,13 +267,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
                  "grow, e.g. a KV cache)";
       break;
   }
-  if (why == Unrepeated::SmallOpsOnHost) {
-    e.source = trace::capture();
-    trace::log_event(std::move(e));
-    return;
-  }
-  e.detail = unrepeated ? repeated + ", so building graphs costs more than fusing saves: ops run at once while "
-                                     "nothing is buffered"
+  e.detail = unrepeated ? repeated + costs + " ops run at once while nothing is buffered"
                         : "the stretches of ops of " + std::to_string(kRepeatingProbes) +
                               " probes in a row repeated cached graphs";
   e.source = trace::capture();

@@ -692,7 +692,7 @@ bool match_a_cpu_process_malloc() {
   return false;
 #endif
 }
-const bool g_malloc_matched = match_a_cpu_process_malloc();
+[[maybe_unused]] const bool g_malloc_matched = match_a_cpu_process_malloc();  // at load
 
 void NeuronAllocator::release_context(void* context) {
   // A forked child's copy of the allocator is not its own (its locks may be held for ever,
