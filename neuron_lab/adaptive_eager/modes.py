@@ -72,7 +72,7 @@ def configure(
     idle_flush_ops: Optional[int] = None,
     run_unrepeated_at_once: Optional[bool] = None,
     max_bytes: Optional[int] = None,
-    run_small_ops_at_once: Optional[bool] = None,
+    run_at_once_on_host: Optional[bool] = None,
 ) -> dict:
     """Sets knobs of adaptive eager; returns the resulting policy.
 
@@ -106,13 +106,12 @@ def configure(
         and the device is idle), with the same
         kernels and numbers (default True; ``counters()["ops_run_at_once"]`` counts them,
         and a recorded stretch every 16 host waits finds out when graphs repeat again).
-    run_small_ops_at_once: where the host runs launches (``launches.py``: kernels take every
+    run_at_once_on_host: where the host runs launches (``launches.py``: kernels take every
         usable CPU, so no device thread computes while the host records), a replay is the
-        recorded kernels run later on the same thread, and for ops that write under 64 KiB
-        recording and replaying costs more than running them. So when the last 32 graphs wrote
-        under 64 KiB per op there, ops run at once (as above), and a probe that finds them
-        repeating does not resume recording (default True; not with ``compile=True``).
-        ``False`` keeps such graphs recorded, e.g. to study their fusion.
+        recorded kernels run later on the same thread, and recording and replaying costs more
+        than running them. So once the last 32 graphs ran there, ops run at once (as above),
+        and a probe that finds them repeating does not resume recording (default True; not
+        with ``compile=True``). ``False`` keeps graphs recorded, e.g. to study their fusion.
     """
     current = _native.policy()
     new = {
@@ -126,8 +125,8 @@ def configure(
         "idle_flush_ops": current["idle_flush_ops"] if idle_flush_ops is None else int(idle_flush_ops),
         "run_unrepeated_at_once": (current["run_unrepeated_at_once"] if run_unrepeated_at_once is None
                                    else bool(run_unrepeated_at_once)),
-        "run_small_ops_at_once": (current["run_small_ops_at_once"] if run_small_ops_at_once is None
-                                  else bool(run_small_ops_at_once)),
+        "run_at_once_on_host": (current["run_at_once_on_host"] if run_at_once_on_host is None
+                                  else bool(run_at_once_on_host)),
     }
     if new["max_ops"] < 1:
         raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
@@ -147,7 +146,7 @@ def configure(
         compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
                       new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"],
-                      new["run_unrepeated_at_once"], new["max_bytes"], new["run_small_ops_at_once"])
+                      new["run_unrepeated_at_once"], new["max_bytes"], new["run_at_once_on_host"])
     return policy()
 
 

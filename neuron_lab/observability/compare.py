@@ -209,7 +209,7 @@ def _sides(against: str, dtype: torch.dtype) -> tuple[_Side, _Side, list[str]]:
             previous_mode, previous = neuron_lab.get_mode(), neuron_lab.configure()
             neuron_lab.set_mode("adaptive")
             neuron_lab.configure(compile=compiled, compile_after=1, run_unrepeated_at_once=False,
-                                 run_small_ops_at_once=False)
+                                 run_at_once_on_host=False)
             try:
                 yield
             finally:

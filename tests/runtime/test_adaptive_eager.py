@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import threading
 
 import pytest
@@ -1164,17 +1165,17 @@ def _step_of_length(n: int, w: torch.Tensor) -> None:
 
 
 @pytest.fixture
-def small_ops_recorded():
-    """For tests of the rules that decide whether graphs repeat: small ops stay recorded where
-    the host runs launches too (configure's run_small_ops_at_once, which would otherwise run
-    them at once after 32 launches on a machine whose kernels take every CPU)."""
-    previous = ae.policy()["run_small_ops_at_once"]
-    neuron_lab.configure(run_small_ops_at_once=False)
+def graphs_recorded_on_host():
+    """For tests of the rules that decide whether graphs repeat: graphs stay recorded where
+    the host runs launches too (configure's run_at_once_on_host, which would otherwise run
+    ops at once after 32 launches on a machine whose kernels take every CPU)."""
+    previous = ae.policy()["run_at_once_on_host"]
+    neuron_lab.configure(run_at_once_on_host=False)
     yield
-    neuron_lab.configure(run_small_ops_at_once=previous)
+    neuron_lab.configure(run_at_once_on_host=previous)
 
 
-@pytest.mark.usefixtures("small_ops_recorded")
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_ops_run_at_once_while_graphs_never_repeat_and_recording_resumes_when_they_do() -> None:
     """generate() grows its KV cache every step: no graph repeats, and building each costs more
     than fusing saves. The runtime then runs ops at once (the same kernels: the same numbers),
@@ -1345,7 +1346,7 @@ def test_a_second_pass_over_growing_shapes_keeps_running_ops_at_once() -> None:
     assert second["ops_run_at_once"] - first["ops_run_at_once"] > 5 * 150
 
 
-@pytest.mark.usefixtures("small_ops_recorded")
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_recording_resumes_when_stretches_run_at_once_repeat() -> None:
     """Probes come rarely while shapes keep growing (the interval doubles, up to 1024 waits).
     A program that then repeats (a training loop after generate()) is seen without waiting for
@@ -1366,7 +1367,7 @@ def test_recording_resumes_when_stretches_run_at_once_repeat() -> None:
     assert step < 25, f"recording resumed after {step + 1} steps"
 
 
-@pytest.mark.usefixtures("small_ops_recorded")
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_recording_resumes_for_a_program_whose_period_is_many_stretches() -> None:
     """A training loop over 12 bucketed batch sizes, cached in its first epochs, then a loop
     whose shapes grow (ops run at once), then the training loop again. Its stretches repeat
@@ -1401,7 +1402,7 @@ def test_recording_resumes_for_a_program_whose_period_is_many_stretches() -> Non
     assert ae.counters()["graphs_built"] == built, "the probes met graphs not cached before"
 
 
-@pytest.mark.usefixtures("small_ops_recorded")
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 @pytest.mark.parametrize("dropouts", [2, 5])
 def test_probes_begin_at_the_loops_own_waits_not_at_a_random_ops(dropouts: int) -> None:
     """A notebook trains, generates (ops then run at once) and trains again. Running at once,
@@ -1456,7 +1457,7 @@ def _decode_counters(x: torch.Tensor, w: torch.Tensor, steps: int) -> dict:
     return ae.counters()
 
 
-@pytest.mark.usefixtures("small_ops_recorded")
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
     """A hand-written decoding loop: each step's fixed-shape prefix hits the cache, the rest
     grows, so half the graphs repeat. With ops this small the device has nothing to compute
@@ -1471,6 +1472,7 @@ def test_small_ops_run_at_once_when_only_a_fixed_shape_prefix_repeats() -> None:
     assert "at most half of the last 32 graphs repeated and their ops are small" in events[-1].detail
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_big_ops_keep_being_recorded_when_only_a_fixed_shape_prefix_repeats() -> None:
     """The same loop with ops of 128 KiB: the device computes while the host records, even
     into new graphs, so the runtime keeps recording."""
@@ -1480,30 +1482,33 @@ def test_big_ops_keep_being_recorded_when_only_a_fixed_shape_prefix_repeats() ->
 
 
 def _small_step(x: torch.Tensor, w: torch.Tensor) -> None:
-    """A step of small ops (under 64 KiB written per op) read back, checked bit for bit."""
+    """A step of four ops read back, checked bit for bit."""
     y = torch.tanh(x @ w) * 2 + 1
     assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)
 
 
-@pytest.mark.parametrize("runner, rows, knob, at_once", [
-    ("host", 4, True, True),            # small ops, no device thread: replay costs more
-    ("device_thread", 4, True, False),  # the device thread computes while the host records
-    ("host", 4, False, False),          # configure(run_small_ops_at_once=False)
-    ("host", 128, True, False),         # 128 KiB per op: recorded
-], ids=["host-small", "device_thread-small", "host-small-knob_off", "host-big"])
-def test_small_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, knob: bool,
-                                                             at_once: bool) -> None:
+@pytest.mark.parametrize("runner, rows, knob, compiled, at_once", [
+    ("host", 4, True, False, True),            # 4 KiB per op, no device thread: replay costs more
+    ("host", 128, True, False, True),          # 128 KiB per op: the same
+    ("device_thread", 4, True, False, False),  # the device thread computes while the host records
+    ("host", 4, False, False, False),          # configure(run_at_once_on_host=False)
+    ("host", 4, True, True, False),            # compile=True: a compiled graph is other kernels
+], ids=["host-small", "host-big", "device_thread", "host-knob_off", "host-compiled"])
+def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, knob: bool, compiled: bool,
+                                                      at_once: bool) -> None:
     """Where the host runs launches, a replay is the recorded kernels run later on the same
-    thread: for small ops recording and replaying costs more than running them (tiny
-    transformers steps and generate() measured about 3.6 us per op more). A repeating loop of
-    small ops there runs at once after a window of 32 launches, with the same numbers; a
-    device thread, ops of 128 KiB or the knob keep it recorded."""
+    thread: recording and replaying costs more than running them (tiny transformers steps and
+    generate() about 3.6 us per op more; UNet, ResNet-18 and 6-layer 512-wide transformers
+    steps 3-15% more). A repeating loop there runs at once after a window of 32 launches, with
+    the same numbers, whatever its ops' size; a device thread, the compiled tier or the knob
+    keep it recorded."""
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()
     w = torch.randn(256, 256, device="neuron")
     x = torch.randn(rows, 256, device="neuron")
-    neuron_lab.configure(run_small_ops_at_once=knob)
+    previous = neuron_lab.configure()
+    neuron_lab.configure(run_at_once_on_host=knob, compile=compiled, compile_after=10_000)
     try:
         with launches_run_on(runner):
             for _ in range(40):
@@ -1517,6 +1522,7 @@ def test_small_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: i
             if at_once:
                 assert [e.what for e in events] == ["ops run at once"], events
                 assert "the host runs launches" in events[0].detail, events[0].detail
+                assert re.search(r"\d+ bytes written per op", events[0].detail), events[0].detail
                 before = c["ops_run_at_once"]
                 for _ in range(40):  # the loop goes on repeating: it stays at once
                     _small_step(x, w)
@@ -1525,11 +1531,11 @@ def test_small_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: i
             else:
                 assert not events, events
     finally:
-        neuron_lab.configure(run_small_ops_at_once=True)
+        neuron_lab.configure(**{k: previous[k] for k in ("run_at_once_on_host", "compile", "compile_after")})
 
 
 @pytest.mark.parametrize("runner", ["device_thread", "host"])
-def test_a_probe_that_finds_small_graphs_repeating_resumes_recording_only_on_the_device_thread(runner: str) -> None:
+def test_a_probe_that_finds_graphs_repeating_resumes_recording_only_on_the_device_thread(runner: str) -> None:
     """generate() runs at once while its shapes grow; called again with the same prompt, its
     probes find every graph cached. With a device thread recording resumes; where the host
     runs launches, replaying those small graphs costs more than running them, so ops stay at

@@ -69,7 +69,7 @@ struct Policy {
   std::atomic<bool> run_unrepeated_at_once{true};
   // Where the host runs launches, graphs of small ops run at once too: replaying them there
   // costs more than running them (RepeatTracker).
-  std::atomic<bool> run_small_ops_at_once{true};
+  std::atomic<bool> run_at_once_on_host{true};
 };
 Policy& policy();
 
@@ -104,13 +104,13 @@ Policy& policy();
 // not a loop.
 // Where the host runs launches (host_runs_launches), nothing computes while the host
 // records: a graph's replay is the same kernels run later, on the same thread, after the
-// recording. For small ops that costs more host time than running them at once (measured:
-// about 3.6 us per op more, on tiny transformers steps and generate(), against about 2 to 5
-// us per op in all), and their graphs have nothing to fuse that pays it back. So when the
-// window's launches, hits or misses, wrote under kHostReplayOpBytes per op there, ops run at
-// once too; and a probe whose stretches launch only cached graphs of small ops, there, does not
-// resume recording (the waits to the next probe double instead). Not with the compiled tier
-// on: a compiled graph may pay.
+// recording, so it costs more host time than running them at once (small ops: about 3.6 us
+// per op more, on tiny transformers steps and generate(); UNet, ResNet-18 and 6-layer
+// 512-wide transformers steps 3-15% more; tiled replay of elementwise runs did not pay it
+// back on one thread or two). So once a window of launches ran there, ops run at once, and a
+// probe whose stretches launch only cached graphs does not resume recording (the waits to the
+// next probe double instead: a device thread may come). Not with the compiled tier on: a
+// compiled graph is other kernels.
 class RepeatTracker {
  public:
   static constexpr int kRegrownMisses = 3;
@@ -125,9 +125,6 @@ class RepeatTracker {
   static constexpr int kMaxHitsUnrepeated = kWindow / 8;
   static constexpr int kMaxHitsOfSmallOps = kWindow / 2;
   static constexpr int64_t kSmallOpBytes = 16 << 10;
-  // An op that writes under this computes in a few microseconds on the host, about what
-  // recording and replaying it adds there.
-  static constexpr int64_t kHostReplayOpBytes = 64 << 10;
   // A graph launch: whether its graph came from the cache, the hash of its operator
   // sequence (shapes aside), how many ops it holds and how many bytes they write.
   void note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes);
@@ -170,10 +167,9 @@ class RepeatTracker {
   bool probe_from_repeats_ = false;           // this probe began on repeated stretches
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
-  int64_t probe_ops_ = 0, probe_bytes_ = 0;  // ops and bytes written by this probe's launches
   void end_probe_locked();
   // Why ops start running at once (the event log's words).
-  enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, SmallOpsOnHost };
+  enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches };
   // small_op_bytes: the bytes written per op by the launches that made it switch.
   void set_unrepeated_locked(bool unrepeated, Unrepeated why = Unrepeated::FewHits, int64_t small_op_bytes = 0);
   std::atomic<bool> unrepeated_{false};

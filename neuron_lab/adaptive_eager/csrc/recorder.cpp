@@ -93,11 +93,11 @@ void fold_sizes(uint64_t& hash, const at::Tensor& t) {
 }
 
 // Where the host runs launches a replay is the recorded kernels run later on the recording
-// thread: for small ops it costs more than running them at once (RepeatTracker). A compiled
-// graph is other kernels, so with the compiled tier on, recording may pay.
+// thread: it costs more than running them at once (RepeatTracker). A compiled graph is other
+// kernels, so with the compiled tier on, recording may pay.
 bool replay_costs_more_than_running() {
   const auto& p = policy();
-  return p.run_small_ops_at_once.load(std::memory_order_relaxed) && !p.compile.load(std::memory_order_relaxed) &&
+  return p.run_at_once_on_host.load(std::memory_order_relaxed) && !p.compile.load(std::memory_order_relaxed) &&
          host_runs_launches(at::get_num_threads());
 }
 }  // namespace
@@ -120,11 +120,7 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
       probe_every_ = same_ops ? std::min(2 * probe_every_, kMaxProbeEvery) : kProbeEvery;
       if (!same_ops) missed_ops_[next_missed_++ % missed_ops_.size()] = ops_hash;
     }
-    if (probing_.load()) {
-      probe_launched_ = true;
-      probe_ops_ += ops;
-      probe_bytes_ += written_bytes;
-    }
+    if (probing_.load()) probe_launched_ = true;
     return;
   }
   if (!hit && note_recorded_miss_locked(ops_hash, ops, written_bytes) && ++regrown_misses_ >= kRegrownMisses) {
@@ -144,10 +140,8 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   }
   const int64_t all_ops = window_ops[0] + window_ops[1];
   const int64_t bytes_per_op = (window_bytes[0] + window_bytes[1]) / std::max<int64_t>(all_ops, 1);
-  // Small ops where the host runs launches: replaying them costs more than running them.
-  if (host_replays && all_ops > 0 && bytes_per_op < kHostReplayOpBytes) {
-    return set_unrepeated_locked(true, Unrepeated::SmallOpsOnHost, bytes_per_op);
-  }
+  // Where the host runs launches, replaying graphs costs more than running their ops.
+  if (host_replays && all_ops > 0) return set_unrepeated_locked(true, Unrepeated::HostRunsLaunches, bytes_per_op);
   if (hits > kMaxHitsOfSmallOps) return;
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
@@ -177,11 +171,10 @@ void RepeatTracker::note_host_wait(Reason reason) {
     // enough: a second generate() call hits the graphs its first call's probes built,
     // at those KV lengths only. The next stretch must hit too.
     if (probe_launched_ && ++repeating_probes_ >= kRepeatingProbes) {
-      const bool small = probe_bytes_ < kHostReplayOpBytes * probe_ops_;
       end_probe_locked();
-      if (small && replay_costs_more_than_running()) {
+      if (replay_costs_more_than_running()) {
         // The program repeats, but its graphs would cost more replayed than run: ask for
-        // more repeats, and more waits, before the next probe.
+        // more repeats, and more waits, before the next probe (a device thread may come).
         repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
         probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
       } else {
@@ -223,7 +216,6 @@ void RepeatTracker::end_probe_locked() {
   probing_ = false;
   probe_launched_ = false;
   repeating_probes_ = 0;
-  probe_ops_ = probe_bytes_ = 0;
 }
 
 void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64_t small_op_bytes) {
@@ -255,11 +247,11 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
                  std::to_string(small_op_bytes) + " bytes written per op; a fixed-shape prefix repeats, the rest of "
                  "each step grows)";
       break;
-    case Unrepeated::SmallOpsOnHost:
-      repeated = "the last " + std::to_string(kWindow) + " graphs hold small ops (" + std::to_string(small_op_bytes) +
-                 " bytes written per op) and the host runs launches (kernels take every usable CPU), so a replay "
-                 "runs the same kernels later on the same thread";
-      costs = ": replaying small ops costs more than running them, so";
+    case Unrepeated::HostRunsLaunches:
+      repeated = "the host runs launches (kernels take every usable CPU, " + std::to_string(small_op_bytes) +
+                 " bytes written per op in the last " + std::to_string(kWindow) +
+                 " graphs), so a replay runs the same kernels later on the same thread";
+      costs = ": replaying graphs costs more than running their ops, so";
       break;
     case Unrepeated::Regrown:
       repeated = std::to_string(kRegrownMisses) + " graphs of small ops (" + std::to_string(small_op_bytes) +
@@ -292,7 +284,6 @@ void RepeatTracker::reset() {
   repeats_to_probe_ = kRepeatsToProbe;
   probe_from_repeats_ = false;
   probe_launched_ = false;
-  probe_ops_ = probe_bytes_ = 0;
   unrepeated_ = probing_ = small_ops_ = false;
 }
 
