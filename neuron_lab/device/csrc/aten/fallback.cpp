@@ -4,8 +4,9 @@
 // aliases of its neuron arguments (CPU tensors over the same bytes, no copy).
 // Results map back without copies where they can: an output that is an argument
 // (in-place and out= ops) returns that argument; an output that views an
-// argument's memory becomes a neuron view of it. Only fresh results are copied
-// into device memory, so the allocator accounts for every byte.
+// argument's memory becomes a neuron view of it. The kernel allocates in device memory
+// (HostAllocationsOnDevice), so fresh results are adopted as they are and the allocator
+// accounts for every byte; a result over host memory is copied.
 #include "registrations.h"
 #include "device/csrc/runtime/interceptor.h"
 #include "device/csrc/runtime/runtime.h"
@@ -285,8 +286,9 @@ class Call {
     if (d.type() == kNeuron) explicit_device_ = d.has_index() ? d.index() : current_device();
   }
 
-  // Maps a result of the CPU kernel back to the neuron device.
-  at::Tensor wrap(const at::Tensor& t) {
+  // Maps a result of the CPU kernel back to the neuron device: an argument, a view of one,
+  // or new memory (adopted when the kernel allocated it in device memory, else copied).
+  at::Tensor wrap(const at::Tensor& t, HostResults& fresh) {
     if (!t.defined() || t.device().type() == kNeuron) return t;
     if (const Aliased* a = find(Key::HostTensor, t.unsafeGetTensorImpl())) return a->original;
     TORCH_CHECK_NOT_IMPLEMENTED(t.layout() == c10::kStrided, op_.schema().operator_name(),
@@ -297,7 +299,7 @@ class Call {
     if (data != nullptr) {
       if (const Aliased* a = find(Key::HostData, data)) return neuron_view_of(a->original, t);
     }
-    return to_device(t, device());
+    return fresh.adopt(t);
   }
 
   // After the kernel: an out= or in-place argument whose host alias was
@@ -467,6 +469,11 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   {
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     LaunchScope launch(device, schema.operator_name().name.c_str(), /*synced=*/true);
+    // What the kernel allocates (its results, its scratch) takes device memory, as a
+    // kernel's workspace does on an accelerator: results become neuron tensors without a
+    // copy, and scratch is reused from the device's cache instead of mapped and faulted
+    // in on every call.
+    HostAllocationsOnDevice in_device_memory(device);
     run_host_kernel(op, stack);
   }
   op_counters().fallback_ops += 1;
@@ -475,15 +482,16 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   const size_t num_returns = schema.returns().size();
   const size_t ret_begin = stack->size() - num_returns;
+  HostResults fresh(device);
   for (size_t i = 0; i < num_returns; ++i) {
     auto& value = (*stack)[ret_begin + i];
     if (value.isTensor()) {
-      value = call.wrap(value.toTensor());
+      value = call.wrap(value.toTensor(), fresh);
     } else if (value.isTensorList()) {
       auto list = value.toTensorList();
       c10::List<at::Tensor> out;
       out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(call.wrap(t));
+      for (const at::Tensor& t : list) out.push_back(call.wrap(t, fresh));
       value = std::move(out);
     }
   }
