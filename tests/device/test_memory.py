@@ -328,3 +328,34 @@ def test_kernel_scratch_buffers_reuse_heap_memory_as_in_a_cpu_process() -> None:
     users = run_python(_SCRATCH_FAULTS, env={"MALLOC_MMAP_THRESHOLD_": str(128 << 10)})
     assert users.returncode == 0, users.stderr
     assert int(users.stdout.split()[-1]) >= 2000, users.stdout  # mapped anew: the user's choice
+
+
+def test_fresh_results_of_host_kernels_take_device_memory_without_copies() -> None:
+    """Ops without a native kernel run their CPU kernel on host aliases (the fallback); what
+    that kernel allocates, its results and its scratch, takes device memory, so results
+    become neuron tensors as they are (no copy), are accounted on the core, and keep the
+    CPU's bits after the scratch is freed and the cache emptied."""
+    from neuron_lab.device import _C
+
+    torch.manual_seed(0)
+    cpu_x = torch.randn(2, 8, 16, 16, requires_grad=True)
+    cpu_w = torch.randn(12, 8, 3, 3, requires_grad=True)
+    cpu_params = [torch.rand(5, 7) + 0.5 for _ in range(3)]
+    x = cpu_x.detach().to("neuron").requires_grad_()
+    w = cpu_w.detach().to("neuron").requires_grad_()
+    params = [p.to("neuron") for p in cpu_params]
+
+    def program(x, w, params):
+        y = torch.nn.functional.group_norm(torch.nn.functional.conv2d(x, w, padding=1), 4)
+        y.square().sum().backward()  # convolution backward: three fresh results
+        return [y.detach(), x.grad, w.grad, *torch._foreach_sqrt(params)]
+
+    copies = _C.counters()["output_copies"]
+    before = torch.neuron.memory_allocated()
+    got = program(x, w, params)
+    assert _C.counters()["output_copies"] == copies
+    assert torch.neuron.memory_allocated() - before >= sum(t.untyped_storage().nbytes() for t in got)
+    torch.neuron.empty_cache()
+    expected = program(cpu_x, cpu_w, cpu_params)
+    for g, e in zip(got, expected):
+        assert g.device.type == "neuron" and torch.equal(g.cpu(), e)
