@@ -332,28 +332,31 @@ def test_kernel_scratch_buffers_reuse_heap_memory_as_in_a_cpu_process() -> None:
 
 def test_fresh_results_of_host_kernels_take_device_memory_without_copies() -> None:
     """Ops without a native kernel run their CPU kernel on host aliases (the fallback); what
-    that kernel allocates, its results and its scratch, takes device memory, so results
-    become neuron tensors as they are (no copy), are accounted on the core, and keep the
-    CPU's bits after the scratch is freed and the cache emptied."""
+    that kernel allocates from 64 KiB up, its results and its scratch, takes device memory, so
+    such results become neuron tensors as they are (no copy), are accounted on the core, and
+    keep the CPU's bits after the scratch is freed and the cache emptied. (Smaller results are
+    copied: cheaper than lending a block.)"""
     from neuron_lab.device import _C
 
     torch.manual_seed(0)
-    cpu_x = torch.randn(2, 8, 16, 16, requires_grad=True)
-    cpu_w = torch.randn(12, 8, 3, 3, requires_grad=True)
-    cpu_params = [torch.rand(5, 7) + 0.5 for _ in range(3)]
+    cpu_x = torch.randn(2, 16, 32, 32, requires_grad=True)  # 128 KiB
+    cpu_w = torch.randn(32, 16, 3, 3, requires_grad=True)   # 18 KiB: its gradient is copied
+    cpu_params = [torch.rand(128, 128) + 0.5 for _ in range(3)]  # 64 KiB each
     x = cpu_x.detach().to("neuron").requires_grad_()
     w = cpu_w.detach().to("neuron").requires_grad_()
     params = [p.to("neuron") for p in cpu_params]
 
     def program(x, w, params):
         y = torch.nn.functional.group_norm(torch.nn.functional.conv2d(x, w, padding=1), 4)
-        y.square().sum().backward()  # convolution backward: three fresh results
+        y.square().sum().backward()  # convolution backward: fresh gradients
         return [y.detach(), x.grad, w.grad, *torch._foreach_sqrt(params)]
 
     copies = _C.counters()["output_copies"]
     before = torch.neuron.memory_allocated()
     got = program(x, w, params)
-    assert _C.counters()["output_copies"] == copies
+    # Copied: group norm's mean and rstd, w.grad (three). Adopted: the convolution's and group
+    # norm's outputs, x.grad and the square roots (six; the old fallback copied them too).
+    assert _C.counters()["output_copies"] - copies <= 4, "fresh results of 64 KiB and more were copied"
     assert torch.neuron.memory_allocated() - before >= sum(t.untyped_storage().nbytes() for t in got)
     torch.neuron.empty_cache()
     expected = program(cpu_x, cpu_w, cpu_params)

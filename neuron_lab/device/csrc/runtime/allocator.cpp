@@ -716,6 +716,7 @@ void NeuronAllocator::release_pending_context(void* context) { release_context(c
 // gone (static destructors at exit) still reads a valid, empty list.
 struct HostLending {
   c10::DeviceIndex device = -1;  // the core CPU allocations take memory of; -1: none
+  size_t min_bytes = 1;          // smaller CPU allocations stay host memory
   // Blocks lent under a thread-private scope (an op of the unboxed path, where only this
   // thread's C++ runs) stay in `lent` instead of the shared map: an op lends one or two
   // and takes them back at once, without the lock or a hash node. The scope hands what
@@ -781,7 +782,7 @@ class HostOrDeviceAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     HostLending& lending = tl_lending;
     const c10::DeviceIndex device = lending.device;
-    if (device < 0 || nbytes == 0) return host_->allocate(nbytes);
+    if (device < 0 || nbytes < lending.min_bytes || nbytes == 0) return host_->allocate(nbytes);
     auto data = g_allocator->allocate_on(device, nbytes);
     auto* block = static_cast<Block*>(data.release_context());
     if (lending.privately && lending.lent_count < static_cast<int>(lending.lent.size())) {
@@ -816,7 +817,7 @@ void install_host_or_device_allocator() {
 
 }  // namespace
 
-HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending) {
+HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending, size_t min_bytes) {
   if (device >= 0) {
     check_device_index(device);
     install_host_or_device_allocator();
@@ -824,8 +825,10 @@ HostAllocationsOnDevice::HostAllocationsOnDevice(c10::DeviceIndex device, Lendin
   HostLending& state = tl_lending;
   previous_ = state.device;
   previous_private_ = state.privately;
+  previous_min_bytes_ = state.min_bytes;
   state.device = device;
   state.privately = lending == Lending::ThreadPrivate;
+  state.min_bytes = min_bytes;
 }
 
 HostAllocationsOnDevice::~HostAllocationsOnDevice() {
@@ -833,6 +836,7 @@ HostAllocationsOnDevice::~HostAllocationsOnDevice() {
   if (state.privately && !previous_private_) share_lent_blocks(state);
   state.device = previous_;
   state.privately = previous_private_;
+  state.min_bytes = previous_min_bytes_;
 }
 
 c10::DeviceIndex host_allocations_device() { return tl_lending.device; }

@@ -318,7 +318,10 @@ class HostAllocationsOnDevice {
   // default: Python or a compiled graph runs inside), or only this one (ThreadPrivate: one
   // CPU kernel runs inside), which keeps the bookkeeping off the shared lock.
   enum class Lending { Shared, ThreadPrivate };
-  explicit HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending = Lending::Shared);
+  // min_bytes: smaller allocations stay host memory (a result that small is copied faster
+  // than device memory is lent, tracked and adopted; a kernel's small scratch is malloc's).
+  explicit HostAllocationsOnDevice(c10::DeviceIndex device, Lending lending = Lending::Shared,
+                                   size_t min_bytes = 1);
   ~HostAllocationsOnDevice();
   HostAllocationsOnDevice(const HostAllocationsOnDevice&) = delete;
   HostAllocationsOnDevice& operator=(const HostAllocationsOnDevice&) = delete;
@@ -326,6 +329,7 @@ class HostAllocationsOnDevice {
  private:
   c10::DeviceIndex previous_;
   bool previous_private_;
+  size_t previous_min_bytes_;
 };
 // The core whose memory this thread's CPU allocations take now (-1: none): inside a
 // host kernel's launch, its CPU tensors are device memory the launch already prepared.
