@@ -180,8 +180,10 @@ def device_counters() -> dict[str, int]:
     its bits: ``_safe_softmax``'s ``isneginf``, ``all`` and ``where``, and a decoding loop's
     small arithmetic, unary and bitwise ops, ``where``, ``fill_``, ``arange``, ``argmax``, ``eq``,
     ``any``, ``max``, ``isin``, ``cat``, ``index_select``, ``clone``, matmuls and layer norms run
-    at once), ``aliases_recycled`` (host aliases of the unboxed path re-pointed at a new
-    tensor instead of made anew), ``launches_run_by_waiting_host`` (launches a host thread ran
+    at once), ``aliases_reused`` (host aliases of the fallback's CPU kernels handed out
+    again from the thread's cache, as an optimizer's foreach ops pass the same tensors every
+    step), ``aliases_recycled`` (cached host aliases re-pointed at a new tensor instead of
+    made anew), ``launches_run_by_waiting_host`` (launches a host thread ran
     itself while it waited for them, instead of handing them to the stream's device thread),
     ``device_thread_wakeups`` (wake-up calls to device threads for queued work) and
     ``launches_dropped_by_host`` (launches a device thread ran and left to a host thread to drop,

@@ -162,3 +162,69 @@ def test_foreach_ops_over_many_tensors_give_the_cpus_bits(run: str) -> None:
     expected = program(cpu)
     assert all(same_bits(a.cpu(), e) for a, e in zip(got, expected))
     assert dev["xs"][7] is dev["xs"][3]
+
+
+def test_host_aliases_are_reused_across_foreach_calls_while_they_describe_their_tensors() -> None:
+    """The fallback hands a CPU kernel the host alias it made for the same tensor before (an
+    optimizer passes the same parameters and states every step), from its thread's cache. An
+    alias is reused only while it describes its tensor exactly: a tensor resized, set to other
+    memory, restrided, or resized by an out= kernel into memory of its own must get the
+    alias of what it is now, and every value must equal the CPU's bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.randn(6, 4, generator=g) for _ in range(24)]
+    others = [torch.randn(6, 4, generator=g) for _ in range(24)]
+
+    def program(xs: list[torch.Tensor], ys: list[torch.Tensor], counted: list[int] | None) -> list[torch.Tensor]:
+        torch._foreach_mul_(xs, 0.5)
+        before = neuron_lab.device.trace.device_counters()["aliases_reused"] if counted is not None else 0
+        torch._foreach_addcmul_(xs, ys, ys, value=0.25)  # the same tensors again
+        if counted is not None:
+            counted.append(neuron_lab.device.trace.device_counters()["aliases_reused"] - before)
+        xs[0].resize_(7, 5)  # new, bigger memory
+        xs[0].copy_(torch.arange(35.0).view(7, 5))
+        xs[1].set_(ys[2].detach().clone())  # other memory altogether
+        xs[2].as_strided_((4, 6), (1, 4))  # the same memory, other strides
+        xs[3].resize_(0)
+        torch.addr(ys[3].new_ones(8, 8), ys[3].flatten()[:8], ys[4].flatten()[:8], out=xs[3])  # resized by the kernel
+        torch._foreach_mul_(xs, 0.75)
+        return torch._foreach_add(xs, 1.0)
+
+    with neuron_lab.mode("blocking"):  # every op through the fallback at once
+        counted: list[int] = []
+        got = program([t.to("neuron") for t in cpu], [t.to("neuron") for t in others], counted)
+        torch.neuron.synchronize()
+    expected = program([t.clone() for t in cpu], others, None)
+    # 24 tensors and their 24 others, each an alias already made by the first op (the list
+    # passed twice shares its aliases): a few may have lost their cache slot to another.
+    assert counted[0] >= 24, counted
+    assert len(got) == len(expected)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        assert a.shape == e.shape and a.stride() == e.stride(), i
+        assert same_bits(a.cpu(), e), i
+
+
+def test_host_aliases_made_under_inference_mode_serve_only_inference_mode() -> None:
+    """A host alias made while inference mode is on is an inference tensor: reused outside it,
+    a foreach op's per-tensor in-place update of it is refused ("Inplace update to inference
+    tensor outside InferenceMode"). The fallback's cached aliases are reused, or re-pointed,
+    only in the mode they were made in, and the values are the CPU's either way."""
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.rand(5, 3, generator=g) + 0.5 for _ in range(20)]
+
+    def program(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        seen = []
+        for i in range(3):
+            with torch.inference_mode():
+                seen += torch._foreach_sqrt(xs)  # aliases made (or re-pointed) under inference mode
+            roots = torch._foreach_sqrt(xs)
+            torch._foreach_div_(roots, 1.5 + i)  # in place, outside inference mode
+            torch._foreach_mul_(xs, 1.25)
+            seen += roots
+        return seen
+
+    with neuron_lab.mode("blocking"):
+        got = program([t.to("neuron") for t in cpu])
+        torch.neuron.synchronize()
+    expected = program([t.clone() for t in cpu])
+    assert len(got) == len(expected)
+    assert all(same_bits(a.cpu(), e) for a, e in zip(got, expected))

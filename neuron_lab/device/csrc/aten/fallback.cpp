@@ -16,6 +16,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/EmptyTensor.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 #include <c10/core/CPUAllocator.h>
@@ -83,8 +84,12 @@ bool realias(at::Tensor& alias, const at::Tensor& t) {
   // alias never reaches Python, so nothing can hold a weak reference to its storage).
   const bool only_ours = alias.use_count() == 1 && alias.weak_use_count() == 1 && storage &&
                          storage.use_count() == 1;
+  // An alias made under inference mode is an inference tensor, and one made outside is not:
+  // a kernel that updates it in place through the full dispatch (a foreach op's per-tensor
+  // calls) is refused where the mode differs, so it is made anew instead.
   if (!only_ours || !has_plain_cpu_keys(*impl) || impl->autograd_meta() != nullptr || impl->is_wrapped_number() ||
-      storage.device_type() != c10::kCPU || !storage.resizable()) {
+      impl->is_inference() != c10::InferenceMode::is_enabled() || storage.device_type() != c10::kCPU ||
+      !storage.resizable()) {
     return false;
   }
   auto* bytes = storage.unsafeGetStorageImpl();
@@ -99,6 +104,63 @@ bool realias(at::Tensor& alias, const at::Tensor& t) {
   impl->_set_neg(t.is_neg());
   op_counters().aliases_recycled.fetch_add(1, std::memory_order_relaxed);
   return true;
+}
+
+namespace {
+
+// Host aliases of the neuron tensors this thread's recent ops used. A decoding loop passes
+// the same weights, caches and masks op after op, and making an alias (a CPU TensorImpl and
+// StorageImpl over the same bytes) and dropping it was a third of this path's own cost. An
+// alias is reused only while it still describes its tensor exactly (the same bytes, shape,
+// strides, dtype), was made in the inference mode now in force, and nothing else holds it; a kernel that resized or restrided it, or a
+// tensor freed and its memory given to another, fails that check and gets a new one.
+// One slot per tensor address, chosen by hashing it: a token of a small GPT-2 uses ~30
+// weights among ~90 tensors, which a 16-entry ring evicted before their next use.
+class AliasCache {
+ public:
+  at::Tensor get(const at::Tensor& t) {
+    const c10::TensorImpl* key = t.unsafeGetTensorImpl();
+    Entry& slot = entries_[slot_of(key)];
+    if (slot.key == key && slot.host.defined() && still_describes(slot.host, t)) {
+      op_counters().aliases_reused.fetch_add(1, std::memory_order_relaxed);
+      return slot.host;
+    }
+    slot.key = key;
+    // A miss recycles the slot's old alias where nothing else holds it: a decode step's
+    // fresh intermediates miss two times in three, and a new alias and the old one's
+    // destruction cost four allocations.
+    if (!slot.host.defined() || !realias(slot.host, t)) slot.host = host_alias(t);
+    return slot.host;
+  }
+
+ private:
+  struct Entry {
+    const c10::TensorImpl* key = nullptr;  // compared, never dereferenced
+    at::Tensor host;
+  };
+  static constexpr int kSlotBits = 10;  // an optimizer passes hundreds of tensors each step
+  static size_t slot_of(const c10::TensorImpl* key) {
+    // Fibonacci hashing of the address: the product's top bits spread neighbouring allocations.
+    return static_cast<size_t>((reinterpret_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
+  }
+  static bool still_describes(const at::Tensor& host, const at::Tensor& t) {
+    const c10::TensorImpl* h = host.unsafeGetTensorImpl();
+    const c10::StorageImpl* hs = h->unsafe_storage().unsafeGetStorageImpl();
+    const c10::StorageImpl* ts = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    const bool only_here = host.use_count() == 1 && h->unsafe_storage().use_count() == 1;
+    return only_here && host.is_inference() == c10::InferenceMode::is_enabled() && hs->data() == ts->data() &&
+           hs->nbytes() == ts->nbytes() && h->dtype() == t.dtype() &&
+           h->sizes() == t.sizes() && h->strides() == t.strides() && h->storage_offset() == t.storage_offset() &&
+           h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
+  }
+  std::array<Entry, size_t{1} << kSlotBits> entries_;
+};
+
+}  // namespace
+
+at::Tensor cached_host_alias(const at::Tensor& t) {
+  thread_local AliasCache cache;
+  return cache.get(t);
 }
 
 at::Tensor host_view(const at::Tensor& t) {
@@ -233,16 +295,15 @@ struct Aliased {
 // Collects what the fallback needs to know about one call.
 class Call {
  public:
-  Call(const c10::OperatorHandle& op) : op_(op) {}
+  // `tensors`: how many tensors the call passes, so that its aliases are stored without regrowing.
+  Call(const c10::OperatorHandle& op, size_t tensors) : op_(op) { aliased_.reserve(tensors); }
 
   at::Tensor unwrap(const at::Tensor& t, bool is_write, const c10::Argument& arg) {
     if (!t.defined()) return t;
     if (t.device().type() == kNeuron) {
       note_device(t.device(), arg);
-      auto host = host_alias_sharing(t, shared_host_storage(t.storage()));
-      aliased_.push_back({t, host, is_write});
-      index(aliased_.size() - 1);
-      return host;
+      aliased_.push_back({t, host_alias_for(t), is_write});
+      return aliased_.back().host;
     }
     // CPU scalars (0-dim) mix with device tensors as in CUDA; anything else must move.
     if (t.dim() > 0 || is_write) note_device(t.device(), arg);
@@ -250,10 +311,12 @@ class Call {
   }
 
   // Arguments that share a neuron storage get host aliases that share one CPU
-  // storage, so kernels see the aliasing (in-place overlap checks, x.add_(x)).
-  c10::Storage shared_host_storage(const c10::Storage& storage) {
-    const Aliased* a = find(Key::NeuronStorage, storage.unsafeGetStorageImpl());
-    return a != nullptr ? a->host.storage() : host_storage_of(storage);
+  // storage, so kernels see the aliasing (in-place overlap checks, x.add_(x)). The first
+  // alias of a storage comes from this thread's cache: an optimizer's foreach ops pass the
+  // same hundreds of parameters and states every step.
+  at::Tensor host_alias_for(const at::Tensor& t) {
+    const Aliased* a = find(Key::NeuronStorage, t.storage().unsafeGetStorageImpl());
+    return a != nullptr ? host_alias_sharing(t, a->host.storage()) : cached_host_alias(t);
   }
 
   void note_device(c10::Device d, const c10::Argument& arg) {
@@ -322,30 +385,27 @@ class Call {
   // Most ops alias a few tensors: a scan. A foreach op aliases every tensor of its lists
   // (an optimizer's hundreds of parameters, several lists each), where scanning for each
   // tensor made the call quadratic (600 parameters: 3.7x the CPU's time for an AdamW-like
-  // step, 1.75x for 28): past kScanned aliases they are hashed.
+  // step, 1.75x for 28): past kScanned aliases they are hashed. Each index catches up with
+  // the aliases made since its last use, so one that is never asked for is never built
+  // (unwrapping asks only by storage; results, by host tensor and data, when there are any).
   static constexpr size_t kScanned = 16;
-  const Aliased* find(Key key, const void* value) const {
+  const Aliased* find(Key key, const void* value) {
     if (aliased_.size() <= kScanned) {
       for (const auto& a : aliased_) {
         if (keys_of(a)[key] == value) return &a;
       }
       return nullptr;
     }
-    const auto it = index_[key].find(value);
-    return it == index_[key].end() ? nullptr : &aliased_[it->second];
-  }
-  void index(size_t position) {
-    if (aliased_.size() <= kScanned) return;
-    const size_t first = aliased_.size() == kScanned + 1 ? 0 : position;  // the index starts: all of them
-    for (size_t i = first; i <= position; ++i) {
-      const auto keys = keys_of(aliased_[i]);
-      for (int k = 0; k < kKeys; ++k) index_[k].emplace(keys[k], i);  // emplace keeps the first
-    }
+    auto& index = index_[key];
+    for (size_t& i = indexed_[key]; i < aliased_.size(); ++i) index.emplace(keys_of(aliased_[i])[key], i);  // keeps the first
+    const auto it = index.find(value);
+    return it == index.end() ? nullptr : &aliased_[it->second];
   }
 
   const c10::OperatorHandle& op_;
   c10::SmallVector<Aliased, 8> aliased_;
   std::array<ska::flat_hash_map<const void*, size_t>, kKeys> index_;
+  std::array<size_t, kKeys> indexed_{};  // how many of aliased_ each index holds
   std::optional<c10::Device> device_;
   std::string mismatch_;
   c10::Device mismatch_device_{c10::kCPU};
@@ -393,6 +453,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Otherwise the op runs here, now: first every launch using its memory finishes.
   // (Small vectors: an op has a few tensors, and this runs for every op run at once.)
   c10::SmallVector<at::Tensor, 8> written;
+  size_t num_tensors = 0;
   {
     c10::SmallVector<at::Tensor, 8> touched;
     for (size_t i = 0; i < num_args; ++i) {
@@ -409,6 +470,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
       if (is_write(args[i])) written.append(touched.begin() + first, touched.end());
     }
+    num_tensors = touched.size();
     interceptor().before_host_access(touched, access_reason(schema), schema.operator_name().name);
     // Inputs must hold computed values; what the op writes is overwritten. (Sorted: a
     // foreach op writes hundreds of tensors.)
@@ -421,7 +483,7 @@ void neuron_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
     }
   }
-  Call call(op);
+  Call call(op, num_tensors);
 
   for (size_t i = 0; i < num_args; ++i) {
     auto& value = (*stack)[begin + i];

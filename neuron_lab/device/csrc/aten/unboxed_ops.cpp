@@ -154,55 +154,6 @@ void collect(CallTensors& c, const at::ITensorListRef& list) {
   for (const at::Tensor& t : list) c.add(t, false);
 }
 
-// Host aliases of the neuron tensors this thread's recent ops used. A decoding loop passes
-// the same weights, caches and masks op after op, and making an alias (a CPU TensorImpl and
-// StorageImpl over the same bytes) and dropping it was a third of this path's own cost. An
-// alias is reused only while it still describes its tensor exactly (the same bytes, shape,
-// strides, dtype) and nothing else holds it; a kernel that resized or restrided it, or a
-// tensor freed and its memory given to another, fails that check and gets a new one.
-// One slot per tensor address, chosen by hashing it: a token of a small GPT-2 uses ~30
-// weights among ~90 tensors, which a 16-entry ring evicted before their next use.
-class AliasCache {
- public:
-  at::Tensor get(const at::Tensor& t) {
-    const c10::TensorImpl* key = t.unsafeGetTensorImpl();
-    Entry& slot = entries_[slot_of(key)];
-    if (slot.key == key && slot.host.defined() && still_describes(slot.host, t)) return slot.host;
-    slot.key = key;
-    // A miss recycles the slot's old alias where nothing else holds it: a decode step's
-    // fresh intermediates miss two times in three, and a new alias and the old one's
-    // destruction cost four allocations.
-    if (!slot.host.defined() || !realias(slot.host, t)) slot.host = host_alias(t);
-    return slot.host;
-  }
-
- private:
-  struct Entry {
-    const c10::TensorImpl* key = nullptr;  // compared, never dereferenced
-    at::Tensor host;
-  };
-  static constexpr int kSlotBits = 8;
-  static size_t slot_of(const c10::TensorImpl* key) {
-    // Fibonacci hashing of the address: the product's top bits spread neighbouring allocations.
-    return static_cast<size_t>((reinterpret_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
-  }
-  static bool still_describes(const at::Tensor& host, const at::Tensor& t) {
-    const c10::TensorImpl* h = host.unsafeGetTensorImpl();
-    const c10::StorageImpl* hs = h->unsafe_storage().unsafeGetStorageImpl();
-    const c10::StorageImpl* ts = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    const bool only_here = host.use_count() == 1 && h->unsafe_storage().use_count() == 1;
-    return only_here && hs->data() == ts->data() && hs->nbytes() == ts->nbytes() && h->dtype() == t.dtype() &&
-           h->sizes() == t.sizes() && h->strides() == t.strides() && h->storage_offset() == t.storage_offset() &&
-           h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
-  }
-  std::array<Entry, size_t{1} << kSlotBits> entries_;
-};
-
-AliasCache& alias_cache() {
-  thread_local AliasCache cache;
-  return cache;
-}
-
 // The host aliases of one call, one host storage per neuron storage (CPU kernels then
 // see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
 class HostCall {
@@ -217,7 +168,7 @@ class HostCall {
         return remember(t, host_alias_sharing(t, a.host.storage()));
       }
     }
-    return remember(t, alias_cache().get(t));
+    return remember(t, cached_host_alias(t));
   }
 
   // The caller's tensor behind a host alias the kernel returned, if it is one.

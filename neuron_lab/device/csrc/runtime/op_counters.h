@@ -22,6 +22,7 @@ struct OpCounters {
   std::atomic<uint64_t> bulk_bernoulli_elements{0};  // bernoulli_ elements drawn in bulk (aten/random_kernels.cpp)
   std::atomic<uint64_t> host_kernel_ops{0};  // ops run by a fast host kernel from the table (boxed)
   std::atomic<uint64_t> aliases_recycled{0};  // host aliases re-pointed instead of made (realias)
+  std::atomic<uint64_t> aliases_reused{0};    // host aliases handed to a kernel again, as they were (cached_host_alias)
   std::atomic<uint64_t> launches_run_by_waiting_host{0};  // run by a host in wait_for, not a device thread
   std::atomic<uint64_t> launches_run_by_host{0};  // run by the host as it launched them (host_runs_launches)
   std::atomic<uint64_t> device_thread_wakeups{0};  // wake-up calls to device threads (queued work)
@@ -44,6 +45,7 @@ struct OpCounters {
         {"bulk_bernoulli_elements", bulk_bernoulli_elements.load()},
         {"host_kernel_ops", host_kernel_ops.load() + at_once},
         {"aliases_recycled", aliases_recycled.load()},
+        {"aliases_reused", aliases_reused.load()},
         {"launches_run_by_waiting_host", launches_run_by_waiting_host.load()},
         {"launches_run_by_host", launches_run_by_host.load()},
         {"device_thread_wakeups", device_thread_wakeups.load()},

@@ -289,6 +289,10 @@ at::Tensor host_alias(const at::Tensor& neuron_tensor);
 // bytes, dtype, shape and strides) without allocating; false, and nothing changed, where
 // something else could see the change.
 bool realias(at::Tensor& alias, const at::Tensor& neuron_tensor);
+// host_alias from this thread's cache of recent aliases: the same alias again while it still
+// describes the tensor exactly and nothing else holds it (an optimizer's parameters, a
+// decoding loop's weights), else a recycled or new one. Hold it only for one call.
+at::Tensor cached_host_alias(const at::Tensor& neuron_tensor);
 // host_alias for neuron tensors; CPU and undefined tensors pass through as they are.
 at::Tensor host_view(const at::Tensor& t);
 // The same, over a given host storage: aliases of one neuron storage must share
