@@ -693,14 +693,14 @@ LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced)
   if (record_) record_->source = trace::capture();
   start_ns_ = trace::now_ns();
   if (record_) record_->start_ns.store(start_ns_);
-  trace::busy_begin();
-  trace::enter_phase(trace::HostPhase::RunningOps);
+  trace::busy_begin(start_ns_);
+  trace::enter_phase(trace::HostPhase::RunningOps, start_ns_);
 }
 
 LaunchScope::~LaunchScope() {
-  trace::exit_phase();
-  trace::busy_end();
   const int64_t end = trace::now_ns();
+  trace::exit_phase(end);
+  trace::busy_end(end);
   trace::add_device_busy(device_, end - start_ns_);
   trace::note_launch_time(trace::LaunchKind::Inline, end - start_ns_);
   if (record_) {

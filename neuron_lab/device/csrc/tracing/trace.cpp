@@ -136,17 +136,17 @@ std::deque<AsyncFailure>& failures() {
 }
 }  // namespace
 
-void enter_phase(HostPhase phase) {
+void enter_phase(HostPhase phase, int64_t now) {
   auto& c = tl_phases;
-  charge_phase(c, now_ns());
+  charge_phase(c, now);
   if (c.depth < kMaxPhaseDepth) c.stack[c.depth] = phase;
   ++c.depth;
 }
 
-void exit_phase() {
+void exit_phase(int64_t now) {
   auto& c = tl_phases;
   if (c.depth == 0) return;
-  charge_phase(c, now_ns());
+  charge_phase(c, now);
   --c.depth;
 }
 
@@ -159,15 +159,15 @@ std::array<int64_t, kHostPhases> thread_phase_ns() {
   return c.total;
 }
 
-void busy_begin() {
+void busy_begin(int64_t now) {
   std::lock_guard<std::mutex> lock(g_busy_mutex);
-  if (g_busy_count++ == 0) g_busy_since = now_ns();
+  if (g_busy_count++ == 0) g_busy_since = now;
 }
 
-void busy_end() {
+void busy_end(int64_t now) {
   std::lock_guard<std::mutex> lock(g_busy_mutex);
   if (g_busy_count == 0) return;
-  if (--g_busy_count == 0) g_busy_union += now_ns() - g_busy_since;
+  if (--g_busy_count == 0) g_busy_union += now - g_busy_since;
 }
 
 int64_t busy_union_ns() {

@@ -118,15 +118,17 @@ class PhaseScope {
   PhaseScope(const PhaseScope&) = delete;
   PhaseScope& operator=(const PhaseScope&) = delete;
 };
-void enter_phase(HostPhase phase);
-void exit_phase();
+// `now`: the caller's reading of now_ns(), where it has one (a launch reads the clock once
+// at each end for its phase, the busy union and its own duration).
+void enter_phase(HostPhase phase, int64_t now = now_ns());
+void exit_phase(int64_t now = now_ns());
 // The calling thread's totals per phase so far (an open phase up to now).
 std::array<int64_t, kHostPhases> thread_phase_ns();
 // Wall time during which at least one launch ran on any core or stream (an interval
 // counted once however many ran in it), up to now: its difference over a region is
 // at most the region's wall time.
-void busy_begin();
-void busy_end();
+void busy_begin(int64_t now = now_ns());
+void busy_end(int64_t now = now_ns());
 int64_t busy_union_ns();
 
 // ---- the event log (bounded; always on) ------------------------------------------
