@@ -112,8 +112,9 @@ namespace {
 // the same weights, caches and masks op after op, and making an alias (a CPU TensorImpl and
 // StorageImpl over the same bytes) and dropping it was a third of this path's own cost. An
 // alias is reused only while it still describes its tensor exactly (the same bytes, shape,
-// strides, dtype), was made in the inference mode now in force, and nothing else holds it; a kernel that resized or restrided it, or a
-// tensor freed and its memory given to another, fails that check and gets a new one.
+// strides, dtype), was made in the inference mode now in force, and nothing else holds it;
+// a kernel that resized or restrided it, or a tensor freed and its memory given to another,
+// fails that check and gets a new one.
 // One slot per tensor address, chosen by hashing it: a token of a small GPT-2 uses ~30
 // weights among ~90 tensors, which a 16-entry ring evicted before their next use.
 class AliasCache {
@@ -397,7 +398,8 @@ class Call {
       return nullptr;
     }
     auto& index = index_[key];
-    for (size_t& i = indexed_[key]; i < aliased_.size(); ++i) index.emplace(keys_of(aliased_[i])[key], i);  // keeps the first
+    // emplace keeps the first alias of a key, as a scan in argument order finds it.
+    for (size_t& i = indexed_[key]; i < aliased_.size(); ++i) index.emplace(keys_of(aliased_[i])[key], i);
     const auto it = index.find(value);
     return it == index.end() ? nullptr : &aliased_[it->second];
   }
