@@ -194,9 +194,12 @@ def test_host_aliases_are_reused_across_foreach_calls_while_they_describe_their_
         got = program([t.to("neuron") for t in cpu], [t.to("neuron") for t in others], counted)
         torch.neuron.synchronize()
     expected = program([t.clone() for t in cpu], others, None)
-    # 24 tensors and their 24 others, each an alias already made by the first op (the list
-    # passed twice shares its aliases): a few may have lost their cache slot to another.
-    assert counted[0] >= 24, counted
+    # The 24 xs were aliased by the first op (their 24 others are new to the cache, and the list
+    # passed twice shares its aliases): each reused unless its slot (one per TensorImpl address
+    # of 1024) is also another tensor's, where the two evict each other. A collision costs at
+    # most two reuses and about one pair of the 48 tensors collides: 22 was seen in CI. Without
+    # the cache the count is 0.
+    assert counted[0] >= 16, counted
     assert len(got) == len(expected)
     for i, (a, e) in enumerate(zip(got, expected)):
         assert a.shape == e.shape and a.stride() == e.stride(), i
