@@ -141,6 +141,20 @@ def launches_on_device_thread():
 
 
 @pytest.fixture
+def graphs_recorded_on_host():
+    """For tests of recording itself (the graph cache, joins, the rules that decide whether
+    graphs repeat, where launches run): graphs stay recorded where the host runs launches too.
+    There configure's run_at_once_on_host would otherwise run ops at once after 8 launches
+    (RepeatTracker::kHostRunsWindow) on a machine whose kernels take every CPU."""
+    from neuron_lab import adaptive_eager
+
+    previous = adaptive_eager.policy()["run_at_once_on_host"]
+    neuron_lab.configure(run_at_once_on_host=False)
+    yield
+    neuron_lab.configure(run_at_once_on_host=previous)
+
+
+@pytest.fixture
 def no_stray_frees():
     """Exact memory statistics need every free to be the test's own: collect earlier
     tests' garbage (tensors kept alive by reference cycles, e.g. in saved tracebacks)

@@ -53,6 +53,7 @@ def test_auto_runs_launches_on_the_host_where_kernels_take_every_usable_cpu() ->
     assert launches.host_runs_launches(1)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 @pytest.mark.parametrize("runner", ["host", "device_thread"])
 def test_each_runner_runs_the_launch_where_it_says(runner: str) -> None:
     x = torch.randn(4096, device="neuron")

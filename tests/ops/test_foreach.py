@@ -49,6 +49,7 @@ def test_foreach_op_matches_the_cpu(op) -> None:
     assert checked > 0
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_adamw_steps_reuse_one_graph_and_match_the_cpu() -> None:
     """AdamW's bias corrections change every step: the step's graph is still built once."""
     neuron_lab.configure(compile_after=10**6)

@@ -582,6 +582,7 @@ def test_eager_mode_gives_every_result_memory(no_stray_frees) -> None:
 # ---- the graph cache in a training loop ------------------------------------------------
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_steady_state_training_hits_the_cache() -> None:
     neuron_lab.configure(compile_after=10**6)  # restored by the fixture
     model = torch.nn.Sequential(
@@ -621,6 +622,7 @@ def test_steady_state_training_hits_the_cache() -> None:
     torch.testing.assert_close(losses, cpu_losses, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 @pytest.mark.parametrize("backward_thread", ["calling thread", "autograd device thread"])
 def test_backward_passes_bound_stable_graphs(backward_thread: str) -> None:
     """The start of a backward pass cuts the graph whether autograd runs it on the calling
@@ -1056,6 +1058,7 @@ def _launches_per_iteration(x: torch.Tensor, iterations: int, cut: bool) -> list
     return launches
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 @pytest.mark.parametrize("runner", ["device_thread", "host"])
 def test_graphs_launched_back_to_back_every_iteration_join_into_one(runner: str) -> None:
     """A loop whose first iteration was cut in three (here by waits that later iterations
@@ -1086,6 +1089,7 @@ def _join_back_to_back_graphs(x: torch.Tensor) -> None:
     assert joins and "40 ops from aten::sin" in joins[-1].detail and "graph of 40 ops" in joins[-1].detail
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_graphs_with_a_host_wait_between_them_never_join() -> None:
     """What the host waits for between two graphs cannot be in one graph with them."""
     neuron_lab.configure(idle_flush_ops=40, idle_flush_bytes=1 << 30)
@@ -1117,6 +1121,7 @@ def test_a_short_expression_runs_as_one_graph_once_cached() -> None:
     assert total.item() == pytest.approx(((x.cpu() * 2 + 1).relu() * 3).sum().item(), rel=1e-5)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_the_graph_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
     neuron_lab.configure(graph_cache_size=3)
     xs = [torch.randn(n + 1, device="neuron") for n in range(8)]  # eight shapes: eight graphs
@@ -1162,17 +1167,6 @@ def _step_of_length(n: int, w: torch.Tensor) -> None:
     y = torch.tanh(x @ w) * 2 + 1
     assert torch.equal(y.cpu(), torch.tanh(x.cpu() @ w.cpu()) * 2 + 1)
     y.sum().item()
-
-
-@pytest.fixture
-def graphs_recorded_on_host():
-    """For tests of the rules that decide whether graphs repeat: graphs stay recorded where
-    the host runs launches too (configure's run_at_once_on_host, which would otherwise run
-    ops at once after 32 launches on a machine whose kernels take every CPU)."""
-    previous = ae.policy()["run_at_once_on_host"]
-    neuron_lab.configure(run_at_once_on_host=False)
-    yield
-    neuron_lab.configure(run_at_once_on_host=previous)
 
 
 @pytest.mark.usefixtures("graphs_recorded_on_host")
@@ -1258,6 +1252,7 @@ def test_big_ops_that_never_repeat_are_not_small() -> None:
     assert not c["unrepeated_ops_small"], c
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_one_op_over_many_shapes_keeps_recording() -> None:
     """A test of one op over many sample shapes (an OpInfo sweep) launches graphs of one or two
     ops: they are not a loop's step, and do not count as regrown graphs. Those ops keep being
@@ -1532,6 +1527,42 @@ def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, kn
                 assert not events, events
     finally:
         neuron_lab.configure(**{k: previous[k] for k in ("run_at_once_on_host", "compile", "compile_after")})
+
+
+def _chain(y: torch.Tensor, w: torch.Tensor, steps: int) -> torch.Tensor:
+    """`steps` steps of four ops, each reading the last: nothing is read back."""
+    for _ in range(steps):
+        y = torch.tanh(y @ w) * 0.5 + 0.25
+    return y
+
+
+def test_a_loop_that_never_waits_runs_at_once_from_the_op_after_the_switch() -> None:
+    """A training loop that reads nothing back never waits on the host. Where the host runs
+    launches, the policy's cuts wait for the next op, so such a loop met every op with records
+    buffered and never ran one at once: it kept recording for as long as it ran (ResNet-18's
+    first 20 steps: 144 graphs, each replayed on the host after its recording, 1.15x the CPU's
+    time). After kHostRunsWindow (8) launches its next op launches the buffer and runs at once;
+    no graph launches after that, and the numbers are the CPU's."""
+    ae.clear_graph_cache()
+    ae.reset_counters()
+    w = torch.randn(32, 32) / 4
+    x = torch.randn(4, 32)
+    previous = ae.policy()["max_ops"]
+    neuron_lab.configure(max_ops=16)  # a graph every four steps
+    try:
+        with launches_run_on("host"):
+            wn, xn = w.to("neuron"), x.to("neuron")
+            y = _chain(xn, wn, 40)  # 160 ops: up to ten graphs of 16 ops
+            c = ae.counters()
+            assert c["graphs_unrepeated"], c
+            assert 8 <= c["graph_launches"] <= 9, c
+            y = _chain(y, wn, 40)
+            after = ae.counters()
+            assert after["graph_launches"] == c["graph_launches"], after
+            assert after["ops_run_at_once"] - c["ops_run_at_once"] >= 4 * 40, after
+    finally:
+        neuron_lab.configure(max_ops=previous)
+    assert torch.equal(y.cpu(), _chain(x, w, 80))
 
 
 @pytest.mark.parametrize("runner", ["device_thread", "host"])

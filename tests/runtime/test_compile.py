@@ -93,6 +93,7 @@ def test_transformer_block_forward_and_backward_match_eager(launch):
     parity(model, lambda step: torch.randn(2, 6, 32), compile_with(launch), atol=1e-4)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_async_graphs_are_recorded_and_launched_whole_on_the_stream():
     """The default: a compiled graph's ops are recorded by adaptive eager (the host does
     not wait for them) and launched together when the graph ends; steady-state steps

@@ -107,7 +107,8 @@ Policy& policy();
 // recording, so it costs more host time than running them at once (small ops: about 3.6 us
 // per op more, on tiny transformers steps and generate(); UNet, ResNet-18 and 6-layer
 // 512-wide transformers steps 3-15% more; tiled replay of elementwise runs did not pay it
-// back on one thread or two). So once a window of launches ran there, ops run at once, and a
+// back on one thread or two). So once kHostRunsWindow launches ran there, ops run at once
+// (from the next op: a loop that never waits on the host ends its buffer there), and a
 // probe whose stretches launch only cached graphs does not resume recording (the waits to the
 // next probe double instead: a device thread may come). Not with the compiled tier on: a
 // compiled graph is other kernels.
@@ -116,6 +117,7 @@ class RepeatTracker {
   static constexpr int kRegrownMisses = 3;
   static constexpr int64_t kMinRegrownOps = 8;
   static constexpr int kWindow = 32;
+  static constexpr int kHostRunsWindow = 8;
   static constexpr int kProbeEvery = 256;
   static constexpr int kMaxProbeEvery = 1024;
   static constexpr int kRepeatingProbes = 2;

@@ -126,13 +126,15 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   if (!hit && note_recorded_miss_locked(ops_hash, ops, written_bytes) && ++regrown_misses_ >= kRegrownMisses) {
     return set_unrepeated_locked(true, Unrepeated::Regrown, written_bytes / ops);
   }
-  if (seen_ < kWindow) return;
+  // Where the host runs launches, replays cost more whether graphs hit or not: a few launches
+  // tell the size of their ops, a full window would only record more.
+  const bool host_replays = replay_costs_more_than_running();
+  if (seen_ < (host_replays ? kHostRunsWindow : kWindow)) return;
   const int hits = std::popcount(window_);
   static_assert(kMaxHitsUnrepeated <= kMaxHitsOfSmallOps, "both rules below need the window's sums");
-  const bool host_replays = replay_costs_more_than_running();
   if (hits > kMaxHitsOfSmallOps && !host_replays) return;  // no rule below can fire
   std::array<int64_t, 2> window_ops{}, window_bytes{};  // of the window's launches: [miss, hit]
-  for (int ago = 0; ago < kWindow; ++ago) {
+  for (int ago = 0; ago < seen_; ++ago) {
     const int was_hit = static_cast<int>((window_ >> ago) & 1u);
     const int slot = (next_launch_ + kWindow - 1 - ago) % kWindow;
     window_ops[was_hit] += launch_ops_[slot];
@@ -141,7 +143,10 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   const int64_t all_ops = window_ops[0] + window_ops[1];
   const int64_t bytes_per_op = (window_bytes[0] + window_bytes[1]) / std::max<int64_t>(all_ops, 1);
   // Where the host runs launches, replaying graphs costs more than running their ops.
-  if (host_replays && all_ops > 0) return set_unrepeated_locked(true, Unrepeated::HostRunsLaunches, bytes_per_op);
+  if (host_replays) {
+    if (all_ops > 0) set_unrepeated_locked(true, Unrepeated::HostRunsLaunches, bytes_per_op);
+    return;  // the rules below judge a full window
+  }
   if (hits > kMaxHitsOfSmallOps) return;
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
@@ -249,7 +254,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
       break;
     case Unrepeated::HostRunsLaunches:
       repeated = "the host runs launches (kernels take every usable CPU, " + std::to_string(small_op_bytes) +
-                 " bytes written per op in the last " + std::to_string(kWindow) +
+                 " bytes written per op in the last " + std::to_string(kHostRunsWindow) +
                  " graphs), so a replay runs the same kernels later on the same thread";
       costs = ": replaying graphs costs more than running their ops, so";
       break;
@@ -681,12 +686,28 @@ void start_op() {
   tl_in_at_once_kernel = false;
 }
 
-// Whether ops run at once now, as far as the policy goes: graphs do not repeat, the mode is
-// adaptive, this is no torch.compile graph, configure() allows it and nothing is buffered.
-bool in_at_once_regime() {
+// Whether the policy lets ops run at once: graphs do not repeat, the mode is adaptive, this is
+// no torch.compile graph and configure() allows it.
+bool at_once_allowed() {
   return repeats().run_at_once() && mode() == Mode::Adaptive && !tl_in_torch_compile_graph &&
-         policy().run_unrepeated_at_once.load(std::memory_order_relaxed) &&
-         g_buffered_records.load(std::memory_order_acquire) == 0;
+         policy().run_unrepeated_at_once.load(std::memory_order_relaxed);
+}
+
+// Whether ops run at once now: the policy allows it and nothing is buffered.
+bool in_at_once_regime() {
+  return at_once_allowed() && g_buffered_records.load(std::memory_order_acquire) == 0;
+}
+
+// Where the host runs launches, the policy's cut waits for the next op (Buffer::cut_before_next),
+// so a loop that never waits on the host arrives at every op with records buffered. Once ops
+// run at once, that op is where the buffer ends: its graph launches (the cut it was due), and the
+// op runs at once. Without this, such a loop (a training loop that reads no value back) went on
+// recording for as long as it ran, each graph replayed on the host after its recording.
+void launch_due_cut(c10::DeviceIndex device) {
+  auto& s = stream_state(current_stream(device));
+  auto& b = buffer_of(s);
+  auto lock = lock_buffer(b);
+  if (const auto cut = b.cut_before_next; cut && b.owner == std::this_thread::get_id()) cut_locked(b, s, *cut);
 }
 
 // Graphs do not repeat: with nothing buffered, an op on `device` runs at once, on this
@@ -696,7 +717,11 @@ bool in_at_once_regime() {
 // a graph that would never repeat (a probe's token recorded 44 more ops so, in two graphs,
 // not one); big ops are recorded behind it, so the host records while the device computes.
 bool runs_at_once(c10::DeviceIndex device) {
-  if (!in_at_once_regime()) return false;
+  if (!at_once_allowed()) return false;
+  if (g_buffered_records.load(std::memory_order_acquire) != 0) {
+    launch_due_cut(device);
+    if (g_buffered_records.load(std::memory_order_acquire) != 0) return false;
+  }
   if (!repeats().ops_are_small() && !stream_idle(stream_state(current_stream(device)))) return false;
   ops_run_at_once_total().fetch_add(1, std::memory_order_relaxed);
   return true;
