@@ -850,6 +850,33 @@ def test_dropout_is_recorded_and_draws_the_cpus_masks() -> None:
     assert ae.counters()["syncs"].get("aten::native_dropout", 0) == 0
 
 
+@pytest.mark.parametrize("run", ["blocking", "at_once_on_host"])
+def test_random_ops_run_at_once_wait_for_nothing(run: str) -> None:
+    """A random op run now must draw after the recorded random ops before it, so the fallback
+    waits for the device first. With nothing buffered or running (blocking mode, or ops run at
+    once where the host runs launches) there is nothing to wait for: dropout counts no host
+    wait (a warm transformers step counted one per dropout, notebook 6's 7), and still draws
+    the CPU's numbers."""
+    def program(device: str) -> list[torch.Tensor]:
+        torch.manual_seed(5)
+        x = torch.ones(32, 16, device=device)
+        return [torch.nn.functional.dropout(x * k, 0.25) for k in range(1, 8)]
+
+    expected = program("cpu")
+    mode = "blocking" if run == "blocking" else "adaptive"
+    with neuron_lab.mode(mode), launches_run_on("host"):
+        if run == "at_once_on_host":
+            w = torch.ones(8, 8, device="neuron")
+            for _ in range(12):  # graphs launched by the host: ops then run at once
+                _small_step(torch.ones(2, 8, device="neuron"), w)
+            assert ae.counters()["graphs_unrepeated"]
+        torch.neuron.synchronize()
+        with neuron_lab.explain_scope() as explanation:
+            got = program("neuron")
+        assert explanation.syncs == 0, [s.what for s in explanation.sync_events]
+    assert all(torch.equal(a.cpu(), e) for a, e in zip(got, expected))
+
+
 def _dropout_step(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor, p: float) -> tuple[torch.Tensor, ...]:
     """Dropout forward and backward on a dense gradient, as in a training step."""
     torch.manual_seed(11)

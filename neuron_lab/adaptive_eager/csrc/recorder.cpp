@@ -1129,6 +1129,7 @@ class Recorder final : public OpInterceptor {
   // given, a structured op's out= tensor read as a user's, and configure(
   // run_unrepeated_at_once=False) still saw such ops run inline to learn their shapes).
   bool defers_allocation() const override { return lazy_allocation() && !(in_at_once_regime() && device_quiet()); }
+  bool holds_ops() const override { return g_buffered_records.load(std::memory_order_acquire) != 0; }
   void note_fresh_output(const at::Tensor& t) override { lazy::note_fresh_output(t); }
   void flush_stream(c10::Stream stream, Reason reason) override { flush_stream_buffer(stream, reason); }
   void flush_device(c10::DeviceIndex device, Reason reason) override { flush_device_buffers(device, reason); }

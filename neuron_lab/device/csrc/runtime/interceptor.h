@@ -55,6 +55,10 @@ class OpInterceptor {
   // from it to record the next such call.
   virtual void after_inline_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {}
 
+  // Whether ops are buffered, not yet launched, on any device (a random op run now must
+  // draw after them).
+  virtual bool holds_ops() const { return false; }
+
   // Whether new tensors are created pending (memory given when their launch runs).
   virtual bool defers_allocation() const { return false; }
   // A tensor an empty kernel just made, pending, for a structured op's output.
