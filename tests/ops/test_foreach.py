@@ -133,10 +133,11 @@ def test_compiled_code_never_runs_with_stale_scalars() -> None:
 
 @pytest.mark.parametrize("run", ["blocking", "eager", "adaptive"])
 def test_foreach_ops_over_many_tensors_give_the_cpus_bits(run: str) -> None:
-    """An optimizer's foreach ops pass hundreds of tensors: the fallback (blocking and eager
-    modes run them through it) finds each one's alias by hashing past a few, and must still
-    see arguments that share memory (a list passed twice, a tensor twice in a list, views of
-    one buffer) as a scan would. Every value equals the CPU's bit for bit."""
+    """An optimizer's foreach ops pass hundreds of tensors: the unboxed path (blocking mode
+    runs them through it) and the fallback (eager mode records them through it) find each
+    one's alias by hashing past a few, and must still see arguments that share memory (a list
+    passed twice, a tensor twice in a list, views of one buffer) as a scan would. Every value
+    equals the CPU's bit for bit."""
     g = torch.Generator().manual_seed(0)
     base = torch.randn(40 * 6, generator=g)
     cpu = {
@@ -232,3 +233,40 @@ def test_host_aliases_made_under_inference_mode_serve_only_inference_mode() -> N
     expected = program([t.clone() for t in cpu])
     assert len(got) == len(expected)
     assert all(same_bits(a.cpu(), e) for a, e in zip(got, expected))
+
+
+def _boxed_ops() -> int:
+    """Ops the boxed fallback ran (the unboxed path's count within fallback_ops taken out)."""
+    c = neuron_lab.device.trace.device_counters()
+    return c["fallback_ops"] - c["unboxed_ops"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=True),
+    lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, foreach=True),
+    lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, foreach=True),
+], ids=["adamw", "adam_amsgrad", "sgd_nesterov"])
+def test_optimizer_steps_run_at_once_take_the_unboxed_path_with_the_cpus_bits(make) -> None:
+    """Run at once, an optimizer's foreach updates take the device's unboxed path (no boxed
+    stack, no copy of the lists): the boxed fallback runs none of a step's ops after the first
+    step (which makes the states), and every parameter and state equals the CPU's bit for bit."""
+    g = torch.Generator().manual_seed(0)
+    cpu_params = [torch.randn(*shape, generator=g) for shape in ((16, 8), (8,), (4, 16), (4,), (3, 4), (3,))]
+    grads = [[torch.randn(p.shape, generator=g) for p in cpu_params] for _ in range(4)]
+    with neuron_lab.mode("blocking"):
+        params = [p.to("neuron") for p in cpu_params]
+        opt, cpu_opt = make(params), make(cpu_params)
+        for step, step_grads in enumerate(grads):
+            for p, q, grad in zip(params, cpu_params, step_grads):
+                p.grad, q.grad = grad.to("neuron"), grad.clone()
+            boxed, unboxed = _boxed_ops(), neuron_lab.device.trace.device_counters()["unboxed_ops"]
+            opt.step()
+            cpu_opt.step()
+            if step > 0:
+                assert _boxed_ops() == boxed, "an optimizer's op took the boxed fallback"
+                assert neuron_lab.device.trace.device_counters()["unboxed_ops"] > unboxed
+        torch.neuron.synchronize()
+    for p, q in zip(params, cpu_params):
+        assert same_bits(p.cpu(), q)
+        for key, value in cpu_opt.state[q].items():
+            assert same_bits(opt.state[p][key].cpu(), value), key

@@ -27,6 +27,16 @@ def _a(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(*shape).to(dtype)
 
 
+def _grads(fn):
+    """The gradients of fn's sum with respect to each argument, flattened into one tensor: the
+    backward's ops run on the arguments' device."""
+    def run(*args: torch.Tensor) -> torch.Tensor:
+        leaves = [a.detach().requires_grad_(a.is_floating_point()) for a in args]
+        wrt = [a for a in leaves if a.requires_grad]
+        return torch.cat([g.flatten() for g in torch.autograd.grad(fn(*leaves).sum(), wrt)])
+    return run
+
+
 # Each case: a function of CPU tensors, and the tensors. Every op registered on the unboxed path
 # appears, through the functional form users call (which reaches the device's out= kernel).
 CASES = {
@@ -69,6 +79,14 @@ CASES = {
     "layer_norm_no_affine": (lambda a: F.layer_norm(a, (4, 8)), (_a(2, 4, 8),)),
     "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
              (_a(1, 2, 5, 8), _a(1, 2, 5, 8), _a(1, 2, 5, 8))),
+    "tril_zero": (lambda a: a.tril(-1) + a.clone().zero_(), (_a(5, 5),)),
+    "isneginf_all_any": (lambda a: torch.cat([torch.isneginf(a / 0.0).flatten(), (a > -1).all(-1), (a > 0).any().view(1),
+                                              (a > -5).all().view(1)]), (_a(3, 4),)),
+    "layer_norm_tanh_backward": (_grads(lambda a, w, b: F.layer_norm(a, (8,), w, b).tanh()), (_a(3, 8), _a(8), _a(8))),
+    "cross_entropy_backward": (_grads(lambda a, t: F.cross_entropy(a, t, ignore_index=2)),
+                               (_a(6, 5), torch.tensor([0, 2, 4, 1, 2, 3]))),
+    "softmax_backward": (_grads(lambda a, w: a.softmax(-1) * w), (_a(4, 6), _a(6))),
+    "embedding_backward": (_grads(lambda w, i: F.embedding(i, w) * 3), (_a(10, 4), torch.tensor([[1, 9], [1, 1]]))),
     "bf16": (lambda a, b: (a @ b).softmax(-1) * 2, (_a(4, 8, dtype=torch.bfloat16), _a(8, 4, dtype=torch.bfloat16))),
 }
 

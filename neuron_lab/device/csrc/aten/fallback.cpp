@@ -598,13 +598,5 @@ void register_cpu_kernel_routes(torch::Library& m) {
                            "linalg_lstsq"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
-  // Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into
-  // one op per tensor before reaching the fallback: recorded whole, an AdamW step
-  // is ~10 records instead of ~10 per parameter, replayed by the CPU's foreach kernels.
-  for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) {
-    if (op.name.rfind("aten::_foreach_", 0) != 0) continue;
-    const std::string name = op.name.substr(6) + (op.overload_name.empty() ? "" : "." + op.overload_name);
-    m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-  }
 }
 }  // namespace neuron

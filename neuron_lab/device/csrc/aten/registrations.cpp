@@ -58,12 +58,12 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
 // No op is in two lists (a second registration would override the first).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_cuda_parity_kernels(m);  // histc
-  register_cpu_kernel_routes(m);    // mse_loss, native_group_norm, addr, _stack, ..., _foreach_*
+  register_cpu_kernel_routes(m);    // mse_loss, native_group_norm, addr, _stack, ...
   register_native_kernels(m);       // empty, _copy_from, views, resize_, set_, convolution, ...
   register_random_kernels(m);       // native_dropout, bernoulli_
   register_rnn_as_on_cpu(m);        // lstm, gru, rnn_tanh, rnn_relu and their cells
   register_fused_rnn_cells(m);      // _thnn_fused_lstm_cell, _thnn_fused_gru_cell, backwards
-  register_unboxed_ops(m);          // add, mul, matmuls, activations, reductions, masks, cat, ...
+  register_unboxed_ops(m);          // add, mul, matmuls, activations, reductions, masks, cat, _foreach_*, ...
 }
 // At the autograd key the RNN ops' parts record their own autograd (as a composite op's do).
 TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { register_rnn_as_on_cpu(m); }

@@ -26,44 +26,68 @@
 #include <ATen/core/boxing/KernelFunction.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_log_softmax_backward_data_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_log_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_softmax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/add_compositeexplicitautogradnonfunctional_dispatch.h>
-#include <ATen/ops/any_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/addmm_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/all_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/any_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/argmax_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/baddbmm_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bitwise_and_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bitwise_not_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bitwise_or_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/bmm_compositeexplicitautogradnonfunctional_dispatch.h>
-#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cat_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/clone_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/cos_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/isin_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/isneginf_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/mean_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/mm_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/neg_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/nll_loss_backward_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/nll_loss_forward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/pow_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/rsqrt_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sigmoid_compositeexplicitautogradnonfunctional_dispatch.h>
-#include <ATen/ops/sin_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/silu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sin_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/tanh_backward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/tril_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/_foreach_add_ops.h>
+#include <ATen/ops/_foreach_sub_ops.h>
+#include <ATen/ops/_foreach_mul_ops.h>
+#include <ATen/ops/_foreach_div_ops.h>
+#include <ATen/ops/_foreach_addcmul_ops.h>
+#include <ATen/ops/_foreach_addcdiv_ops.h>
+#include <ATen/ops/_foreach_lerp_ops.h>
+#include <ATen/ops/_foreach_sqrt_ops.h>
+#include <ATen/ops/_foreach_neg_ops.h>
+#include <ATen/ops/_foreach_maximum_ops.h>
+#include <ATen/ops/_foreach_zero_ops.h>
+#include <ATen/ops/_foreach_copy_ops.h>
+#include <ATen/ops/_foreach_norm_ops.h>
+#include <ATen/ops/_log_softmax_backward_data_ops.h>
+#include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
+#include <ATen/ops/_softmax_backward_data_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/_to_copy_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/all_ops.h>
 #include <ATen/ops/any_ops.h>
 #include <ATen/ops/arange_ops.h>
 #include <ATen/ops/argmax_ops.h>
@@ -76,19 +100,26 @@
 #include <ATen/ops/clone_ops.h>
 #include <ATen/ops/cos_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/embedding_dense_backward_ops.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/isin_ops.h>
+#include <ATen/ops/isneginf_ops.h>
 #include <ATen/ops/max_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/min_ops.h>
 #include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/native_layer_norm_backward_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/neg_ops.h>
+#include <ATen/ops/nll_loss_backward_ops.h>
+#include <ATen/ops/nll_loss_forward_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
@@ -96,12 +127,16 @@
 #include <ATen/ops/sin_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
+#include <ATen/ops/tanh_backward_ops.h>
 #include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/tril_ops.h>
 #include <ATen/ops/where_ops.h>
+#include <ATen/ops/zero_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -109,17 +144,35 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
+#include <unordered_map>
+#include <vector>
 
 namespace neuron {
 namespace {
 
 // ---- one call's tensors ----------------------------------------------------------
 
+// Which arguments an op writes, by its schema: a tensor list's tensors are all written (an
+// in-place foreach op's self) or all read. (A tensor argument says it by its type too.)
+template <class Op>
+const std::vector<bool>& written_arguments() {
+  static const std::vector<bool> written = [] {
+    std::vector<bool> w;
+    const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    for (const auto& argument : op.schema().arguments()) {
+      w.push_back(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
+    }
+    return w;
+  }();
+  return written;
+}
+
 // The neuron tensors of one call, found before anything is made: whether the call can
-// take the unboxed path, and what the runtime must make ready for it.
+// take the unboxed path, and what the runtime must make ready for it. In argument order,
+// as HostCall aliases them.
 struct CallTensors {
   c10::SmallVector<const at::Tensor*, 8> all;
-  c10::SmallVector<const at::Tensor*, 2> written;
+  c10::SmallVector<bool, 8> writes;  // per entry of `all`: whether the op writes it
   c10::DeviceIndex device = -1;
   bool unboxable = true;  // every tensor a neuron tensor of one device
 
@@ -133,25 +186,23 @@ struct CallTensors {
     }
     device = t.device().index();
     all.push_back(&t);
-    if (is_written) written.push_back(&t);
-  }
-  bool is_written(const at::Tensor& t) const {
-    for (const at::Tensor* w : written) {
-      if (w->unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return true;
-    }
-    return false;
+    writes.push_back(is_written);
   }
 };
 
+// `written`: whether the schema marks the argument written (lists say it only there).
 template <class T>
-void collect(CallTensors&, const T&) {}
-void collect(CallTensors& c, const at::Tensor& t) { c.add(t, false); }
-void collect(CallTensors& c, at::Tensor& t) { c.add(t, true); }  // out= and in-place arguments
-void collect(CallTensors& c, const std::optional<at::Tensor>& t) {
+void collect(CallTensors&, const T&, bool /*written*/) {}
+void collect(CallTensors& c, const at::Tensor& t, bool) { c.add(t, false); }
+void collect(CallTensors& c, at::Tensor& t, bool) { c.add(t, true); }  // out= and in-place arguments
+void collect(CallTensors& c, const std::optional<at::Tensor>& t, bool) {
   if (t.has_value()) c.add(*t, false);
 }
-void collect(CallTensors& c, const at::ITensorListRef& list) {
+void collect(CallTensors& c, const at::ITensorListRef& list, bool) {
   for (const at::Tensor& t : list) c.add(t, false);
+}
+void collect(CallTensors& c, at::TensorList list, bool written) {
+  for (const at::Tensor& t : list) c.add(t, written);
 }
 
 // The host aliases of one call, one host storage per neuron storage (CPU kernels then
@@ -162,11 +213,8 @@ class HostCall {
 
   at::Tensor alias(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNeuron) return t;  // a CPU scalar
-    const auto* storage = t.storage().unsafeGetStorageImpl();
-    for (const auto& a : aliases_) {
-      if (a.original->storage().unsafeGetStorageImpl() == storage) {
-        return remember(t, host_alias_sharing(t, a.host.storage()));
-      }
+    if (const Alias* shared = alias_of_storage(t.storage().unsafeGetStorageImpl())) {
+      return remember(t, host_alias_sharing(t, shared->host.storage()));
     }
     return remember(t, cached_host_alias(t));
   }
@@ -192,10 +240,12 @@ class HostCall {
     return results_.adopt(std::move(host));
   }
 
-  // out= and in-place arguments: a resize or restride of their alias reaches them.
+  // out= and in-place arguments: a resize or restride of their alias reaches them. The
+  // aliases were made in the order of `tensors` (both in argument order).
   void write_back_all(const CallTensors& tensors) const {
-    for (const auto& a : aliases_) {
-      if (tensors.is_written(*a.original)) write_back(*a.original, a.host);
+    TORCH_INTERNAL_ASSERT(aliases_.size() == tensors.all.size());
+    for (size_t i = 0; i < aliases_.size(); ++i) {
+      if (tensors.writes[i]) write_back(*aliases_[i].original, aliases_[i].host);
     }
   }
 
@@ -204,11 +254,29 @@ class HostCall {
     const at::Tensor* original;  // the caller's, alive for the whole call
     at::Tensor host;
   };
+  // A call has a few tensors; a foreach op's lists have hundreds: past kScanned aliases, a
+  // storage is found by its index.
+  static constexpr size_t kScanned = 16;
+  const Alias* alias_of_storage(const c10::StorageImpl* storage) {
+    if (aliases_.size() <= kScanned) {
+      for (const auto& a : aliases_) {
+        if (a.original->storage().unsafeGetStorageImpl() == storage) return &a;
+      }
+      return nullptr;
+    }
+    for (; indexed_ < aliases_.size(); ++indexed_) {
+      by_storage_.emplace(aliases_[indexed_].original->storage().unsafeGetStorageImpl(), indexed_);
+    }
+    const auto it = by_storage_.find(storage);
+    return it == by_storage_.end() ? nullptr : &aliases_[it->second];
+  }
   at::Tensor remember(const at::Tensor& original, at::Tensor host) {
     aliases_.push_back({&original, host});
     return host;
   }
   c10::SmallVector<Alias, 8> aliases_;
+  std::unordered_map<const c10::StorageImpl*, size_t> by_storage_;  // the first alias of each storage
+  size_t indexed_ = 0;  // aliases_ in by_storage_
   HostResults results_;
 };
 
@@ -250,6 +318,15 @@ struct HostArg<const at::ITensorListRef&> {
   at::ITensorListRef get() { return at::ITensorListRef(at::ArrayRef<at::Tensor>(hosts)); }
   std::vector<at::Tensor> hosts;
 };
+template <>
+struct HostArg<at::TensorList> {  // a foreach op's list
+  HostArg(HostCall& call, at::TensorList list) {
+    hosts.reserve(list.size());
+    for (const at::Tensor& t : list) hosts.push_back(call.alias(t));
+  }
+  at::TensorList get() { return hosts; }
+  std::vector<at::Tensor> hosts;
+};
 
 // ---- results: the kernel's, as neuron tensors ------------------------------------------
 
@@ -269,6 +346,18 @@ struct Results<at::Tensor> {
   static constexpr bool fresh = true;
   // The kernel's own result, moved in: held only here, it can become the neuron tensor.
   static at::Tensor wrap(HostCall& call, at::Tensor&& host) { return call.wrap(std::move(host)); }
+};
+template <>
+struct Results<std::vector<at::Tensor>> {  // an out-of-place foreach op's
+  static constexpr bool fresh = true;
+  static std::vector<at::Tensor> wrap(HostCall& call, std::vector<at::Tensor>&& host) {
+    for (at::Tensor& t : host) t = call.wrap(std::move(t));
+    return std::move(host);
+  }
+};
+template <>
+struct Results<void> {  // an in-place foreach op writes its arguments only
+  static constexpr bool fresh = false;
 };
 template <class... T>
 struct Results<std::tuple<T...>> {
@@ -438,6 +527,10 @@ struct InputCheck<at::_ops::max> : AllElementsInputCheck<at::_ops::max> {};
 template <>
 struct InputCheck<at::_ops::min> : AllElementsInputCheck<at::_ops::min> {};
 
+// Results a fast host kernel may give (host_kernel_table.h's AtOnceValue): foreach ops have none.
+template <class R>
+constexpr bool kFastKernelsTake = !std::is_void_v<R> && !std::is_same_v<R, std::vector<at::Tensor>>;
+
 template <class Op, class Otherwise = ToFallback<Op>, class Schema = typename Op::schema>
 struct Unboxed;
 
@@ -446,19 +539,25 @@ struct Unboxed<Op, Otherwise, R(A...)> {
   static R call(A... args) {
     InputCheck<Op>::check(args...);
     CallTensors tensors;
-    (collect(tensors, args), ...);
+    {
+      const std::vector<bool>& written = written_arguments<Op>();
+      size_t i = 0;
+      (collect(tensors, args, written[i++]), ...);
+    }
     if (!tensors.unboxable || tensors.all.empty() || !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
       return Otherwise::template call<R, A...>(std::forward<A>(args)...);
     }
     UnboxedScope scope;
-    for (const at::Tensor* t : tensors.all) {
+    for (size_t i = 0; i < tensors.all.size(); ++i) {
       // Inputs must hold computed values; what the op writes is overwritten.
-      if (!tensors.is_written(*t)) interceptor().check_readable(*t);
+      if (!tensors.writes[i]) interceptor().check_readable(*tensors.all[i]);
     }
     const c10::DeviceIndex device = tensors.device;
-    if (auto result = FastAtOnce<Op>::run(device, args...)) {
-      for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
-      return std::move(*result);
+    if constexpr (kFastKernelsTake<R>) {
+      if (auto result = FastAtOnce<Op>::run(device, args...)) {
+        note_written_all(tensors);
+        return std::move(*result);
+      }
     }
     HostCall call(device);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
@@ -468,26 +567,44 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1),
                                         HostAllocationsOnDevice::Lending::ThreadPrivate);
     LaunchScope launch(device, Op::name, /*synced=*/true);
-    auto&& host_result = std::apply(
-        [](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); },
-        host_args);
-    op_counters().fallback_ops += 1;
-    op_counters().unboxed_ops += 1;
-    call.write_back_all(tensors);
-    for (const at::Tensor* t : tensors.written) interceptor().note_written(*t);
-    return Results<R>::wrap(call, std::forward<decltype(host_result)>(host_result));
+    const auto run = [&]() -> R {
+      return std::apply([](auto&... a) -> R { return Op::redispatch(kCpuKeys, a.get()...); }, host_args);
+    };
+    const auto finish = [&] {
+      op_counters().fallback_ops += 1;
+      op_counters().unboxed_ops += 1;
+      call.write_back_all(tensors);
+      note_written_all(tensors);
+    };
+    if constexpr (std::is_void_v<R>) {
+      run();
+      finish();
+    } else {
+      auto&& host_result = run();
+      finish();
+      return Results<R>::wrap(call, std::forward<decltype(host_result)>(host_result));
+    }
+  }
+
+ private:
+  static void note_written_all(const CallTensors& tensors) {
+    for (size_t i = 0; i < tensors.all.size(); ++i) {
+      if (tensors.writes[i]) interceptor().note_written(*tensors.all[i]);
+    }
   }
 };
 
+// Registers Op's unboxed kernel; returns the name it registered ("add.out").
 template <class Op, class Otherwise = ToFallback<Op>>
-void register_unboxed(torch::Library& m) {
-  const std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? "." : "") + Op::overload_name;
+std::string register_unboxed(torch::Library& m) {
+  std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? "." : "") + Op::overload_name;
   m.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Unboxed<Op, Otherwise>::call))));
+  return name;
 }
 
 template <class... Ops>
-void register_all(torch::Library& m) {
-  (register_unboxed<Ops>(m), ...);
+std::vector<std::string> register_each_unboxed(torch::Library& m) {
+  return {register_unboxed<Ops>(m)...};
 }
 
 // ---- clone and same-device _to_copy ------------------------------------------------------
@@ -606,16 +723,54 @@ NEURON_STRUCTURED(cat, cat)
 NEURON_STRUCTURED(cos, cos)
 NEURON_STRUCTURED(sin, sin)
 NEURON_STRUCTURED(any_dim, any)
+NEURON_STRUCTURED(any, any)
+NEURON_STRUCTURED(all, all)
+NEURON_STRUCTURED(all_dim, all)
+NEURON_STRUCTURED(isneginf, isneginf)
+NEURON_STRUCTURED(tril, tril_symint)
+NEURON_STRUCTURED(_log_softmax, _log_softmax)
+NEURON_STRUCTURED(nll_loss_forward, nll_loss_forward_symint)
+NEURON_STRUCTURED(nll_loss_backward, nll_loss_backward_symint)
+NEURON_STRUCTURED(_log_softmax_backward_data, _log_softmax_backward_data)
+NEURON_STRUCTURED(_softmax_backward_data, _softmax_backward_data)
+NEURON_STRUCTURED(tanh_backward, tanh_backward)
 #undef NEURON_STRUCTURED
 
 }  // namespace
+
+// Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into one op per
+// tensor before reaching the device (their CompositeExplicitAutograd kernel loops over the
+// tensors): taken whole, an AdamW step is ~10 records or runs instead of ~10 per parameter,
+// each the CPU's foreach kernel. The updates optimizers and clip_grad_norm_ make every step
+// take the unboxed path (an in-place one writes its first list: the schema says so); every
+// other foreach op, the boxed fallback.
+void register_foreach_ops(torch::Library& m) {
+  namespace ops = at::_ops;
+  const std::vector<std::string> unboxed = register_each_unboxed<
+      ops::_foreach_add__Scalar, ops::_foreach_add__List, ops::_foreach_add__ScalarList, ops::_foreach_add__Tensor,
+      ops::_foreach_sub__Scalar, ops::_foreach_sub__List, ops::_foreach_mul__Scalar, ops::_foreach_mul__List,
+      ops::_foreach_mul__ScalarList, ops::_foreach_mul__Tensor, ops::_foreach_div__Scalar, ops::_foreach_div__List,
+      ops::_foreach_div__ScalarList, ops::_foreach_div__Tensor, ops::_foreach_addcmul__Scalar,
+      ops::_foreach_addcmul__ScalarList, ops::_foreach_addcmul__Tensor, ops::_foreach_addcdiv__Scalar,
+      ops::_foreach_addcdiv__ScalarList, ops::_foreach_addcdiv__Tensor, ops::_foreach_lerp__Scalar,
+      ops::_foreach_lerp__List, ops::_foreach_sqrt_, ops::_foreach_neg_, ops::_foreach_maximum__List,
+      ops::_foreach_zero_, ops::_foreach_copy_,  // in place
+      ops::_foreach_sqrt, ops::_foreach_add_List, ops::_foreach_mul_Scalar, ops::_foreach_mul_Tensor,
+      ops::_foreach_div_ScalarList, ops::_foreach_norm_Scalar>(m);  // fresh results
+  for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (op.name.rfind("aten::_foreach_", 0) != 0) continue;
+    const std::string name = op.name.substr(6) + (op.overload_name.empty() ? "" : "." + op.overload_name);
+    if (std::find(unboxed.begin(), unboxed.end(), name) != unboxed.end()) continue;
+    m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
+}
 
 // The ops a transformer's forward pass and a decoding loop run most, on the path they
 // take to the device (a structured op's functional form allocates its result and calls
 // its out= form here).
 void register_unboxed_ops(torch::Library& m) {
   namespace ops = at::_ops;
-  register_all<ops::add_out, ops::sub_out, ops::mul_out, ops::div_out, ops::div_out_mode,  // arithmetic
+  register_each_unboxed<ops::add_out, ops::sub_out, ops::mul_out, ops::div_out, ops::div_out_mode,  // arithmetic
                ops::pow_Tensor_Scalar_out, ops::pow_Tensor_Tensor_out, ops::neg_out, ops::exp_out, ops::rsqrt_out,
                ops::addmm_out, ops::mm_out, ops::bmm_out, ops::baddbmm_out,  // matmuls
                ops::tanh_out, ops::gelu_out, ops::silu_out, ops::sigmoid_out, ops::_softmax_out,  // activations
@@ -624,9 +779,15 @@ void register_unboxed_ops(torch::Library& m) {
                ops::sum_IntList_out, ops::mean_out, ops::argmax_out, ops::any_out, ops::max, ops::min,  // reductions
                ops::eq_Scalar_out, ops::eq_Tensor_out, ops::bitwise_or_Tensor_out, ops::bitwise_and_Tensor_out,
                ops::bitwise_not_out, ops::where_self, ops::where_self_out, ops::isin_Tensor_Tensor_out,  // masks
-               ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar>(m);  // data movement
+               ops::cat_out, ops::index_select, ops::arange_start_out, ops::fill__Scalar, ops::zero_,  // data movement
+               ops::tril_out, ops::isneginf_out, ops::all_out, ops::all_all_out, ops::any_all_out,  // masks' checks
+               // a training step's backward and loss
+               ops::native_layer_norm_backward, ops::embedding_dense_backward, ops::tanh_backward_grad_input,
+               ops::_softmax_backward_data_out, ops::_log_softmax_out, ops::_log_softmax_backward_data_out,
+               ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input>(m);
   m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
+  register_foreach_ops(m);
   for (auto register_op :
        {register_add_Tensor, register_add__Tensor, register_sub_Tensor, register_mul_Tensor, register_mul__Tensor,
         register_div_Tensor, register_div_Tensor_mode, register_pow_Tensor_Scalar, register_pow_Tensor_Tensor,
@@ -634,7 +795,9 @@ void register_unboxed_ops(torch::Library& m) {
         register_tanh, register_gelu, register_silu, register_sigmoid, register__softmax, register_sum_dim_IntList,
         register_mean_dim, register_argmax, register_eq_Scalar, register_eq_Tensor, register_bitwise_or_Tensor,
         register_bitwise_and_Tensor, register_bitwise_not, register_isin_Tensor_Tensor, register_cat, register_cos,
-        register_sin, register_any_dim}) {
+        register_sin, register_any_dim, register_any, register_all, register_all_dim, register_isneginf, register_tril,
+        register__log_softmax, register_nll_loss_forward, register_nll_loss_backward,
+        register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward}) {
     register_op(m);
   }
 }
