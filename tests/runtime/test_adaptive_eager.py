@@ -1029,6 +1029,7 @@ def test_a_graph_holds_at_most_max_bytes_of_live_results(runner: str) -> None:
     assert torch.equal(y.cpu(), expected)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
 def test_a_training_loop_settles_on_its_cached_graphs() -> None:
     """Once warm, a loop's buffers follow the cached graphs to their ends, wherever an idle
     device cut them first: no new graph per step, whatever the device's timing. (Graphs
@@ -1545,10 +1546,12 @@ def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, kn
                 assert [e.what for e in events] == ["ops run at once"], events
                 assert "the host runs launches" in events[0].detail, events[0].detail
                 assert re.search(r"\d+ bytes written per op", events[0].detail), events[0].detail
-                before = c["ops_run_at_once"]
+                before, launches = c["ops_run_at_once"], c["graph_launches"]
                 for _ in range(40):  # the loop goes on repeating: it stays at once
                     _small_step(x, w)
-                assert ae.counters()["ops_run_at_once"] - before >= 40 * 3  # 4 ops a step, but a probe's
+                assert ae.counters()["ops_run_at_once"] - before == 40 * 4
+                # and no probe records a step: here it could not resume recording
+                assert ae.counters()["graph_launches"] == launches
                 assert [e.what for e in _policy_events(start)] == ["ops run at once"]
             else:
                 assert not events, events

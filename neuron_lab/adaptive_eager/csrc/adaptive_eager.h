@@ -108,10 +108,10 @@ Policy& policy();
 // per op more, on tiny transformers steps and generate(); UNet, ResNet-18 and 6-layer
 // 512-wide transformers steps 3-15% more; tiled replay of elementwise runs did not pay it
 // back on one thread or two). So once kHostRunsWindow launches ran there, ops run at once
-// (from the next op: a loop that never waits on the host ends its buffer there), and a
-// probe whose stretches launch only cached graphs does not resume recording (the waits to the
-// next probe double instead: a device thread may come). Not with the compiled tier on: a
-// compiled graph is other kernels.
+// (from the next op: a loop that never waits on the host ends its buffer there), and no
+// probe begins there: one whose stretches launched only cached graphs could not resume
+// recording, so the waits to the next chance double instead (a device thread may come, and
+// then probes begin again). Not with the compiled tier on: a compiled graph is other kernels.
 class RepeatTracker {
  public:
   static constexpr int kRegrownMisses = 3;
@@ -170,6 +170,8 @@ class RepeatTracker {
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();
+  // Whether a probe due now may begin: not where replaying costs more than running.
+  bool probe_would_pay_locked();
   // Why ops start running at once (the event log's words).
   enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches };
   // small_op_bytes: the bytes written per op by the launches that made it switch.
