@@ -330,6 +330,40 @@ def test_kernel_scratch_buffers_reuse_heap_memory_as_in_a_cpu_process() -> None:
     assert int(users.stdout.split()[-1]) >= 2000, users.stdout  # mapped anew: the user's choice
 
 
+_FREED_HEAP = """
+import torch, neuron_lab
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+with neuron_lab.mode("blocking"):
+    weights, pins = [], []
+    for _ in range(48):  # 192 MiB of CPU tensors in the heap, between 192 MiB that stay
+        weights.append(torch.ones(1 << 20))
+        pins.append(torch.ones(1 << 20))
+    on_device = [w.to("neuron") for w in weights]
+    del weights  # freed, but the heap keeps their pages: the pins sit between them
+    assert rss_mib() > 700, rss_mib()
+    before = rss_mib()
+    more = torch.ones(96 << 18, device="neuron")  # the device takes 96 MiB more
+    print(before, rss_mib())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_heap_memory_the_host_freed_goes_back_before_the_device_grows() -> None:
+    """The device's memory is the host's: CPU tensors freed after a move to the device (a
+    model's weights after .to("neuron")) stay in the C library's heap, and counted twice in the
+    process's footprint beside their device copies (ResNet-18's peak RSS held its 42 MiB of
+    CPU weights through training). When the device takes more memory, the heap's free pages
+    go back to the host first: 96 MiB more device memory, 192 MiB of freed heap returned."""
+    run = run_python(_FREED_HEAP)
+    assert run.returncode == 0, run.stderr
+    before, after = map(float, run.stdout.split())
+    assert after < before - 48, (before, after)  # without giving the heap back: before + 96
+
+
 def test_fresh_results_of_host_kernels_take_device_memory_without_copies() -> None:
     """Ops without a native kernel run their CPU kernel on host aliases (the fallback); what
     that kernel allocates from 64 KiB up, its results and its scratch, takes device memory, so
