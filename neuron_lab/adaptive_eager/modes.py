@@ -109,9 +109,10 @@ def configure(
     run_at_once_on_host: where the host runs launches (``launches.py``: kernels take every
         usable CPU, so no device thread computes while the host records), a replay is the
         recorded kernels run later on the same thread, and recording and replaying costs more
-        than running them. So once the last 32 graphs ran there, ops run at once (as above),
-        and a probe that finds them repeating does not resume recording (default True; not
-        with ``compile=True``). ``False`` keeps graphs recorded, e.g. to study their fusion.
+        than running them. So once 8 graphs ran there, ops run at once (as above; a loop that
+        never waits on the host too), and no probe records again while that holds (default
+        True; not with ``compile=True``). ``False`` keeps graphs recorded, e.g. to study their
+        fusion.
     """
     current = _native.policy()
     new = {

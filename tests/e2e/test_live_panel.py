@@ -31,7 +31,9 @@ NOTEBOOK = "neuron_lab_live_panel.ipynb"
 TRAIN_SECONDS = 6.0
 CELLS = [
     "%load_ext neuron_lab",
-    "import time, torch\n"
+    "import time, torch, neuron_lab\n"
+    # Graphs stay recorded where the host runs launches, so the panel's launch count moves.
+    "neuron_lab.configure(run_at_once_on_host=False)\n"
     "torch.manual_seed(0)\n"
     "model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to('neuron')\n"
     "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
