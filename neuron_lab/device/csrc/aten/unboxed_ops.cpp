@@ -190,13 +190,14 @@ struct CallTensors {
   }
 };
 
-// `written`: whether the schema marks the argument written (lists say it only there).
+// `written`: whether the schema marks the argument written (lists, optional tensors and a
+// few const references say it only there; a non-const reference is an out= or in-place one).
 template <class T>
 void collect(CallTensors&, const T&, bool /*written*/) {}
-void collect(CallTensors& c, const at::Tensor& t, bool) { c.add(t, false); }
-void collect(CallTensors& c, at::Tensor& t, bool) { c.add(t, true); }  // out= and in-place arguments
-void collect(CallTensors& c, const std::optional<at::Tensor>& t, bool) {
-  if (t.has_value()) c.add(*t, false);
+void collect(CallTensors& c, const at::Tensor& t, bool written) { c.add(t, written); }
+void collect(CallTensors& c, at::Tensor& t, bool) { c.add(t, true); }
+void collect(CallTensors& c, const std::optional<at::Tensor>& t, bool written) {
+  if (t.has_value()) c.add(*t, written);
 }
 void collect(CallTensors& c, const at::ITensorListRef& list, bool) {
   for (const at::Tensor& t : list) c.add(t, false);
