@@ -170,8 +170,9 @@ class RepeatTracker {
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();
-  // Whether a probe due now may begin: not where replaying costs more than running.
-  bool probe_would_pay_locked();
+  // Whether recording pays (replaying costs no more than running); where not, the repeats
+  // and waits to the next probe double. Asked before a probe begins and after one hit.
+  bool recording_would_pay_locked();
   // Why ops start running at once (the event log's words).
   enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches };
   // small_op_bytes: the bytes written per op by the launches that made it switch.

@@ -177,14 +177,9 @@ void RepeatTracker::note_host_wait(Reason reason) {
     // at those KV lengths only. The next stretch must hit too.
     if (probe_launched_ && ++repeating_probes_ >= kRepeatingProbes) {
       end_probe_locked();
-      if (replay_costs_more_than_running()) {
-        // The program repeats, but its graphs would cost more replayed than run: ask for
-        // more repeats, and more waits, before the next probe (a device thread may come).
-        repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
-        probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
-      } else {
-        set_unrepeated_locked(false);
-      }
+      // The program repeats; recording resumes unless its graphs would cost more replayed
+      // than run (then the next probe waits longer: a device thread may come).
+      if (recording_would_pay_locked()) set_unrepeated_locked(false);
     } else {
       probe_launched_ = false;  // the probe goes on with the next stretch
     }
@@ -205,7 +200,7 @@ void RepeatTracker::note_host_wait(Reason reason) {
     if (repeated_stretches_ >= repeats_to_probe_) {
       repeated_stretches_ = 0;
       waits_ = 0;
-      if (!probe_would_pay_locked()) return;
+      if (!recording_would_pay_locked()) return;
       probing_ = true;
       probe_from_repeats_ = true;
       return;
@@ -213,16 +208,15 @@ void RepeatTracker::note_host_wait(Reason reason) {
   }
   if (++waits_ >= probe_every_ && reason != Reason::RandomOp) {
     waits_ = 0;
-    if (probe_would_pay_locked()) probing_ = true;
+    if (recording_would_pay_locked()) probing_ = true;
   }
 }
 
-bool RepeatTracker::probe_would_pay_locked() {
-  // Where replaying costs more than running, a probe could only find that the program
-  // repeats, and recording would not resume: it would record a stretch and replay it for
-  // nothing (a ResNet-18 step: its graphs recorded, and 27 MiB more host heap for the
-  // replayed kernels' results). The waits to the next chance double instead, as after a
-  // probe that hit there; a device thread or the compiled tier lets the next one probe.
+bool RepeatTracker::recording_would_pay_locked() {
+  // Where replaying costs more than running, recording never resumes, so a probe could only
+  // record a stretch and replay it for nothing (a ResNet-18 step: its graphs recorded, and
+  // 27 MiB more host heap for the replayed kernels' results). The repeats and waits asked of
+  // the next probe double instead; a device thread or the compiled tier lets it probe.
   if (!replay_costs_more_than_running()) return true;
   repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
   probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
