@@ -348,3 +348,64 @@ def test_fresh_results_are_neuron_tensors_like_any_other(grad_mode: str) -> None
         w = torch.randn(4, requires_grad=True, device="neuron")
         (results["softmax"] * w).sum().backward()
         assert torch.equal(w.grad.cpu(), a_cpu.softmax(-1).sum(0))
+
+
+def _boxed_count() -> int:
+    """Ops the boxed fallback ran (the unboxed path's count within fallback_ops taken out)."""
+    c = device_counters()
+    return c["fallback_ops"] - c["unboxed_ops"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_dropout_run_at_once_takes_the_unboxed_path_with_the_cpus_draws(dtype: torch.dtype) -> None:
+    """Dropout's steps (neuron::bernoulli_, neuron::dropout_apply, neuron::masked_scale; float16
+    takes bernoulli_ and two multiplies) run at once without the boxed fallback, draw from the
+    device's generator as the CPU's native_dropout draws from the CPU's, and give its bits,
+    forward and backward, with and without an explicit generator."""
+    x_cpu = torch.randn(6, 33).to(dtype)
+    seeds = [3, 4, 5]
+    expected = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        leaf = x_cpu.clone().requires_grad_(dtype != torch.float16)
+        out, mask = torch.native_dropout(leaf, 0.3, True)
+        grad = torch.ops.aten.native_dropout_backward(torch.ones_like(out), mask, 1 / 0.7)
+        expected.append((out.detach(), mask, grad))
+    torch.manual_seed(6)
+    cpu_bernoulli = torch.empty(40, dtype=dtype).bernoulli_(0.25, generator=torch.Generator().manual_seed(11))
+    with neuron_lab.mode("blocking"):
+        x = x_cpu.to("neuron")
+        boxed = _boxed_count()
+        for seed, (want_out, want_mask, want_grad) in zip(seeds, expected):
+            torch.manual_seed(seed)
+            out, mask = torch.native_dropout(x, 0.3, True)
+            grad = torch.ops.aten.native_dropout_backward(torch.ones_like(out), mask, 1 / 0.7)
+            assert same_bits(out.cpu(), want_out) and torch.equal(mask.cpu(), want_mask)
+            assert same_bits(grad.cpu(), want_grad)
+        explicit = torch.Generator(device="neuron").manual_seed(11)
+        got_bernoulli = torch.empty(40, dtype=dtype, device="neuron").bernoulli_(0.25, generator=explicit)
+        assert same_bits(got_bernoulli.cpu(), cpu_bernoulli)
+        assert _boxed_count() == boxed, "a dropout step took the boxed fallback"
+
+
+def test_copies_within_a_core_run_at_once_as_the_cpus() -> None:
+    """copy_ between neuron tensors of one core, run at once: contiguous bytes, a transposed
+    layout, a cast, and views of one storage (ATen's copy sees a partial overlap, and raises)."""
+    base_cpu = torch.randn(8, 8)
+    with neuron_lab.mode("blocking"):
+        base = base_cpu.to("neuron")
+        contiguous = torch.empty(8, 8, device="neuron").copy_(base)
+        transposed = torch.empty(8, 8, device="neuron").copy_(base.t())
+        cast = torch.empty(8, 8, dtype=torch.float64, device="neuron").copy_(base)
+        shifted = base.clone()
+        shifted[4:].copy_(shifted[:4])
+        with pytest.raises(RuntimeError, match="refer to a single memory location"):
+            shifted[1:].copy_(shifted[:-1])  # a partial overlap: the CPU's error, nothing written
+        clone_of_view = base[:, 2:5].clone()
+    want_shifted = base_cpu.clone()
+    want_shifted[4:].copy_(want_shifted[:4])
+    assert same_bits(contiguous.cpu(), base_cpu)
+    assert same_bits(transposed.cpu(), base_cpu.t().contiguous())
+    assert same_bits(cast.cpu(), base_cpu.double())
+    assert same_bits(shifted.cpu(), want_shifted)
+    assert same_bits(clone_of_view.cpu(), base_cpu[:, 2:5].clone())

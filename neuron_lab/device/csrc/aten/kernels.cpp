@@ -124,6 +124,34 @@ bool copies_bytes(const at::Tensor& src, const at::Tensor& dst) {
 // The bytes of `t`'s elements, which copies_bytes() said are one block from its first element.
 size_t element_bytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
+// The copy itself, on the calling thread, once both sides' memory is ready.
+void copy_now(const at::Tensor& self, const at::Tensor& dst, c10::DeviceIndex device) {
+  interceptor().check_readable(self);
+  {
+    LaunchScope launch(device, "copy_", /*synced=*/true);
+    if (copies_bytes(self, dst)) {
+      // ATen's copy_ would build a TensorIterator over host aliases of both to do the same.
+      for (const at::Tensor* t : {&self, &dst}) {
+        if (t->device().type() == kNeuron) materialize(t->storage());
+      }
+      if (dst.numel() > 0) std::memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), element_bytes(dst));
+    } else if (self.device().type() == kNeuron && dst.device().type() == kNeuron &&
+               self.storage().is_alias_of(dst.storage())) {
+      // One host storage for both, so the CPU kernel sees the overlap.
+      auto host_dst = host_alias(dst);
+      host_dst.copy_(host_alias_sharing(self, host_dst.storage()));
+    } else {
+      host_view(dst).copy_(host_view(self));
+    }
+  }
+  interceptor().note_written(dst);
+}
+
+// Ends what begin_unboxed_op began, however the copy returns.
+struct EndUnboxedOp {
+  ~EndUnboxedOp() { interceptor().end_unboxed_op(); }
+};
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const bool src_on_device = self.device().type() == kNeuron;
   const bool dst_on_device = dst.device().type() == kNeuron;
@@ -131,6 +159,15 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   auto& counters = op_counters();
   const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
   if (src_on_device && dst_on_device) {
+    // Within one core, where the runtime runs ops at once: the copy runs now, as the
+    // unboxed path runs its ops (unboxed_ops.cpp), without a boxed stack to decide it.
+    const at::Tensor* both[] = {&self, &dst};
+    if (self.device().index() == device && interceptor().begin_unboxed_op(both, "aten::copy_")) {
+      EndUnboxedOp end;
+      copy_now(self, dst, device);
+      counters.device_to_device_bytes += bytes;
+      return dst;
+    }
     // Within the device: an op like any other, recorded on the current stream.
     torch::jit::Stack stack{dst, self, false};
     if (interceptor().try_record(copy_op(), &stack)) {
@@ -146,24 +183,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   interceptor().before_host_access(
       {self, dst},
       dst_on_device ? (src_on_device ? Reason::CopyBetweenCores : Reason::CopyFromHost) : Reason::CopyToHost, {});
-  interceptor().check_readable(self);
-  {
-    LaunchScope launch(device, "copy_", /*synced=*/true);
-    if (copies_bytes(self, dst)) {
-      // ATen's copy_ would build a TensorIterator over host aliases of both to do the same.
-      for (const at::Tensor* t : {&self, &dst}) {
-        if (t->device().type() == kNeuron) materialize(t->storage());
-      }
-      if (dst.numel() > 0) std::memcpy(dst.mutable_data_ptr(), self.const_data_ptr(), element_bytes(dst));
-    } else if (src_on_device && dst_on_device && self.storage().is_alias_of(dst.storage())) {
-      // One host storage for both, so the CPU kernel sees the overlap.
-      auto host_dst = host_alias(dst);
-      host_dst.copy_(host_alias_sharing(self, host_dst.storage()));
-    } else {
-      host_view(dst).copy_(host_view(self));
-    }
-  }
-  interceptor().note_written(dst);
+  copy_now(self, dst, device);
   if (src_on_device && dst_on_device) {
     counters.device_to_device_bytes += bytes;
   } else if (dst_on_device) {

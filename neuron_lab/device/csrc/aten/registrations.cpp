@@ -41,6 +41,8 @@ TORCH_LIBRARY(neuron, m) {
 }
 TORCH_LIBRARY_IMPL(neuron, CPU, m) { register_neuron_ops_cpu_kernels(m); }
 TORCH_LIBRARY_IMPL(neuron, Meta, m) { register_neuron_ops_meta_kernels(m); }
+// On neuron tensors: the unboxed path (unboxed_ops.cpp), else the fallback below.
+TORCH_LIBRARY_IMPL(neuron, PrivateUse1, m) { register_neuron_ops_unboxed(m); }
 
 // ---- every other op on a neuron tensor: its CPU kernel over the same memory --------------
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>()); }

@@ -17,6 +17,8 @@ void register_cpu_kernel_routes(torch::Library& m);
 void unsupported_layout_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // unboxed_ops.cpp: the hottest ops, without the boxed fallback's argument stack.
 void register_unboxed_ops(torch::Library& m);
+// unboxed_ops.cpp: the neuron:: ops (dropout's steps) on the unboxed path.
+void register_neuron_ops_unboxed(torch::Library& m);
 // cuda_parity.cpp: ops CUDA runs for more dtypes than the CPU kernels (integer histc).
 void register_cuda_parity_kernels(torch::Library& m);
 // random_kernels.cpp: dropout from the core's generator, and the neuron:: ops' kernels.

@@ -134,6 +134,7 @@
 #include <ATen/ops/zero_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -144,7 +145,6 @@
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 namespace neuron {
@@ -206,11 +206,31 @@ void collect(CallTensors& c, at::TensorList list, bool written) {
   for (const at::Tensor& t : list) c.add(t, written);
 }
 
+// How many tensors an argument holds, at most: a foreach op's lists are reserved for at once.
+template <class T>
+size_t tensor_count(const T&) {
+  return 0;
+}
+size_t tensor_count(const at::ITensorListRef& list) { return list.size(); }
+size_t tensor_count(at::TensorList list) { return list.size(); }
+
 // The host aliases of one call, one host storage per neuron storage (CPU kernels then
 // see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
 class HostCall {
  public:
-  explicit HostCall(c10::DeviceIndex device) : results_(device) {}
+  explicit HostCall(const CallTensors& tensors) : device_(tensors.device), results_(tensors.device) {
+    aliases_.reserve(tensors.all.size());
+    if (tensors.all.size() > kScanned) by_storage_.reserve(tensors.all.size());
+    for (const at::Tensor* t : tensors.all) draw_span_ = std::max<int64_t>(draw_span_, t->numel());
+  }
+
+  // The CPU generator a random op draws from: the neuron generator's (the core's default
+  // one where the caller passed none), as the fallback maps it; a CPU generator stays.
+  std::optional<at::Generator> generator(const std::optional<at::Generator>& given) const {
+    const at::Generator& g = given.has_value() && given->defined() ? *given : default_generator(device_);
+    if (g.device().type() != kNeuron) return g;
+    return generator_for_draw(g, draw_span_);
+  }
 
   at::Tensor alias(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNeuron) return t;  // a CPU scalar
@@ -275,8 +295,10 @@ class HostCall {
     aliases_.push_back({&original, host});
     return host;
   }
+  c10::DeviceIndex device_;
+  int64_t draw_span_ = 1;  // a random op draws as many numbers as its largest tensor has elements
   c10::SmallVector<Alias, 8> aliases_;
-  std::unordered_map<const c10::StorageImpl*, size_t> by_storage_;  // the first alias of each storage
+  ska::flat_hash_map<const c10::StorageImpl*, size_t> by_storage_;  // the first alias of each storage
   size_t indexed_ = 0;  // aliases_ in by_storage_
   HostResults results_;
 };
@@ -328,6 +350,17 @@ struct HostArg<at::TensorList> {  // a foreach op's list
   at::TensorList get() { return hosts; }
   std::vector<at::Tensor> hosts;
 };
+
+template <>
+struct HostArg<std::optional<at::Generator>> {  // a random op's
+  HostArg(HostCall& call, const std::optional<at::Generator>& given) : generator(call.generator(given)) {}
+  std::optional<at::Generator> get() { return generator; }
+  std::optional<at::Generator> generator;
+};
+
+// Whether an op draws random numbers (takes a generator).
+template <class... A>
+constexpr bool kDraws = (std::is_same_v<std::decay_t<A>, std::optional<at::Generator>> || ...);
 
 // ---- results: the kernel's, as neuron tensors ------------------------------------------
 
@@ -540,12 +573,20 @@ struct Unboxed<Op, Otherwise, R(A...)> {
   static R call(A... args) {
     InputCheck<Op>::check(args...);
     CallTensors tensors;
+    if (const size_t listed = (tensor_count(args) + ... + 0); listed > 0) {
+      tensors.all.reserve(listed + sizeof...(A));
+      tensors.writes.reserve(listed + sizeof...(A));
+    }
     {
       const std::vector<bool>& written = written_arguments<Op>();
       size_t i = 0;
       (collect(tensors, args, written[i++]), ...);
     }
-    if (!tensors.unboxable || tensors.all.empty() || !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
+    // A random op draws after the random ops buffered or running before it: the fallback
+    // waits for them where there are any.
+    const bool must_wait = kDraws<A...> && (interceptor().holds_ops() || !device_quiet());
+    if (!tensors.unboxable || tensors.all.empty() || must_wait ||
+        !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
       return Otherwise::template call<R, A...>(std::forward<A>(args)...);
     }
     UnboxedScope scope;
@@ -560,7 +601,7 @@ struct Unboxed<Op, Otherwise, R(A...)> {
         return std::move(*result);
       }
     }
-    HostCall call(device);
+    HostCall call(tensors);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
     c10::DeviceGuard guard(c10::Device(kNeuron, device));
     // Fresh results take device memory while the kernel makes them: adopted, not copied.
@@ -598,7 +639,8 @@ struct Unboxed<Op, Otherwise, R(A...)> {
 // Registers Op's unboxed kernel; returns the name it registered ("add.out").
 template <class Op, class Otherwise = ToFallback<Op>>
 std::string register_unboxed(torch::Library& m) {
-  std::string name = std::string(Op::name).substr(6) + (*Op::overload_name ? "." : "") + Op::overload_name;
+  const std::string qualified(Op::name);
+  std::string name = qualified.substr(qualified.find("::") + 2) + (*Op::overload_name ? "." : "") + Op::overload_name;
   m.impl(name.c_str(), torch::CppFunction::makeFromUnboxedFunction(TORCH_FN((Unboxed<Op, Otherwise>::call))));
   return name;
 }
@@ -737,7 +779,33 @@ NEURON_STRUCTURED(_softmax_backward_data, _softmax_backward_data)
 NEURON_STRUCTURED(tanh_backward, tanh_backward)
 #undef NEURON_STRUCTURED
 
+// ---- the neuron:: ops (registrations.cpp defines them; random_kernels.cpp has their CPU kernels) ----
+
+// A neuron:: op's typed handle, shaped like torch's at::_ops structs for Unboxed.
+#define NEURON_OP(op_struct, op_name, overload, ...)                                                \
+  struct op_struct {                                                                               \
+    using schema = __VA_ARGS__;                                                                    \
+    static constexpr const char* name = op_name;                                                   \
+    static constexpr const char* overload_name = overload;                                         \
+    template <class... A>                                                                          \
+    static decltype(auto) redispatch(c10::DispatchKeySet keys, A&&... args) {                      \
+      static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload_name).typed<schema>(); \
+      return op.redispatch(keys, std::forward<A>(args)...);                                        \
+    }                                                                                              \
+  };
+NEURON_OP(neuron_dropout_apply, "neuron::dropout_apply", "",
+          std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double))
+NEURON_OP(neuron_masked_scale, "neuron::masked_scale", "", at::Tensor(const at::Tensor&, const at::Tensor&, double))
+NEURON_OP(neuron_bernoulli_, "neuron::bernoulli_", "",
+          at::Tensor&(at::Tensor&, double, std::optional<at::Generator>))
+#undef NEURON_OP
+
 }  // namespace
+
+// Dropout's three steps, every dropout layer of a training step.
+void register_neuron_ops_unboxed(torch::Library& m) {
+  register_each_unboxed<neuron_dropout_apply, neuron_masked_scale, neuron_bernoulli_>(m);
+}
 
 // Foreach ops (optimizers' multi-tensor updates) would otherwise decompose into one op per
 // tensor before reaching the device (their CompositeExplicitAutograd kernel loops over the
