@@ -87,6 +87,8 @@ CASES = {
                                (_a(6, 5), torch.tensor([0, 2, 4, 1, 2, 3]))),
     "softmax_backward": (_grads(lambda a, w: a.softmax(-1) * w), (_a(4, 6), _a(6))),
     "embedding_backward": (_grads(lambda w, i: F.embedding(i, w) * 3), (_a(10, 4), torch.tensor([[1, 9], [1, 1]]))),
+    "activations_backward": (_grads(lambda a: F.silu(a) + F.gelu(a) + F.gelu(a, approximate="tanh") + a.sigmoid()
+                                    + F.relu(a)), (_a(5, 7),)),
     "bf16": (lambda a, b: (a @ b).softmax(-1) * 2, (_a(4, 8, dtype=torch.bfloat16), _a(8, 4, dtype=torch.bfloat16))),
 }
 

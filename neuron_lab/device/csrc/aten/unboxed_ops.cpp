@@ -47,6 +47,7 @@
 #include <ATen/ops/div_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/eq_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/exp_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/gelu_backward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/gelu_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/isin_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/isneginf_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -58,12 +59,15 @@
 #include <ATen/ops/nll_loss_forward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/pow_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/rsqrt_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sigmoid_backward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sigmoid_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/silu_backward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/silu_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sin_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sub_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sum_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_backward_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/threshold_backward_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tanh_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/tril_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/_foreach_add_ops.h>
@@ -106,6 +110,7 @@
 #include <ATen/ops/eq_ops.h>
 #include <ATen/ops/exp_ops.h>
 #include <ATen/ops/fill_ops.h>
+#include <ATen/ops/gelu_backward_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <ATen/ops/isin_ops.h>
@@ -122,13 +127,16 @@
 #include <ATen/ops/nll_loss_forward_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/sigmoid_backward_ops.h>
 #include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_backward_ops.h>
 #include <ATen/ops/silu_ops.h>
 #include <ATen/ops/sin_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/tanh_backward_ops.h>
 #include <ATen/ops/tanh_ops.h>
+#include <ATen/ops/threshold_backward_ops.h>
 #include <ATen/ops/tril_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
@@ -777,6 +785,10 @@ NEURON_STRUCTURED(nll_loss_backward, nll_loss_backward_symint)
 NEURON_STRUCTURED(_log_softmax_backward_data, _log_softmax_backward_data)
 NEURON_STRUCTURED(_softmax_backward_data, _softmax_backward_data)
 NEURON_STRUCTURED(tanh_backward, tanh_backward)
+NEURON_STRUCTURED(silu_backward, silu_backward)
+NEURON_STRUCTURED(gelu_backward, gelu_backward)
+NEURON_STRUCTURED(sigmoid_backward, sigmoid_backward)
+NEURON_STRUCTURED(threshold_backward, threshold_backward)
 #undef NEURON_STRUCTURED
 
 // ---- the neuron:: ops (registrations.cpp defines them; random_kernels.cpp has their CPU kernels) ----
@@ -853,7 +865,9 @@ void register_unboxed_ops(torch::Library& m) {
                // a training step's backward and loss
                ops::native_layer_norm_backward, ops::embedding_dense_backward, ops::tanh_backward_grad_input,
                ops::_softmax_backward_data_out, ops::_log_softmax_out, ops::_log_softmax_backward_data_out,
-               ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input>(m);
+               ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input,
+               ops::silu_backward_grad_input, ops::gelu_backward_grad_input, ops::sigmoid_backward_grad_input,
+               ops::threshold_backward_grad_input>(m);  // activations' backward
   m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
   register_foreach_ops(m);
@@ -866,7 +880,8 @@ void register_unboxed_ops(torch::Library& m) {
         register_bitwise_and_Tensor, register_bitwise_not, register_isin_Tensor_Tensor, register_cat, register_cos,
         register_sin, register_any_dim, register_any, register_all, register_all_dim, register_isneginf, register_tril,
         register__log_softmax, register_nll_loss_forward, register_nll_loss_backward,
-        register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward}) {
+        register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward,
+        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward}) {
     register_op(m);
   }
 }
