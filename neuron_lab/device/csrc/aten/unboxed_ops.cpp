@@ -142,7 +142,6 @@
 #include <ATen/ops/zero_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
-#include <c10/util/flat_hash_map.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -226,18 +225,20 @@ size_t tensor_count(at::TensorList list) { return list.size(); }
 // see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
 class HostCall {
  public:
-  explicit HostCall(const CallTensors& tensors) : device_(tensors.device), results_(tensors.device) {
+  explicit HostCall(const CallTensors& tensors) : tensors_(tensors), results_(tensors.device) {
     aliases_.reserve(tensors.all.size());
-    if (tensors.all.size() > kScanned) by_storage_.reserve(tensors.all.size());
-    for (const at::Tensor* t : tensors.all) draw_span_ = std::max<int64_t>(draw_span_, t->numel());
+    if (tensors.all.size() > kScanned) index_storages();
   }
 
   // The CPU generator a random op draws from: the neuron generator's (the core's default
-  // one where the caller passed none), as the fallback maps it; a CPU generator stays.
+  // one where the caller passed none), as the fallback maps it; a CPU generator stays. It
+  // draws as many numbers as the op's largest tensor has elements.
   std::optional<at::Generator> generator(const std::optional<at::Generator>& given) const {
-    const at::Generator& g = given.has_value() && given->defined() ? *given : default_generator(device_);
+    const at::Generator& g = given.has_value() && given->defined() ? *given : default_generator(tensors_.device);
     if (g.device().type() != kNeuron) return g;
-    return generator_for_draw(g, draw_span_);
+    int64_t span = 1;
+    for (const at::Tensor* t : tensors_.all) span = std::max<int64_t>(span, t->numel());
+    return generator_for_draw(g, span);
   }
 
   at::Tensor alias(const at::Tensor& t) {
@@ -283,31 +284,39 @@ class HostCall {
     const at::Tensor* original;  // the caller's, alive for the whole call
     at::Tensor host;
   };
-  // A call has a few tensors; a foreach op's lists have hundreds: past kScanned aliases, a
-  // storage is found by its index.
+  // A call has a few tensors, found by a scan; a foreach op's lists have hundreds: past
+  // kScanned, each tensor's first tensor of the same storage is found up front, by sorting.
   static constexpr size_t kScanned = 16;
-  const Alias* alias_of_storage(const c10::StorageImpl* storage) {
-    if (aliases_.size() <= kScanned) {
-      for (const auto& a : aliases_) {
-        if (a.original->storage().unsafeGetStorageImpl() == storage) return &a;
-      }
-      return nullptr;
+  void index_storages() {
+    const auto& all = tensors_.all;
+    std::vector<std::pair<const c10::StorageImpl*, uint32_t>> order(all.size());
+    for (size_t i = 0; i < all.size(); ++i) order[i] = {all[i]->storage().unsafeGetStorageImpl(), i};
+    std::sort(order.begin(), order.end());
+    first_of_.resize(all.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      const bool starts_group = i == 0 || order[i].first != order[i - 1].first;
+      first_of_[order[i].second] = starts_group ? order[i].second : first_of_[order[i - 1].second];
     }
-    for (; indexed_ < aliases_.size(); ++indexed_) {
-      by_storage_.emplace(aliases_[indexed_].original->storage().unsafeGetStorageImpl(), indexed_);
+  }
+  // The alias of an earlier tensor over the same storage, if any. Aliases are made in the
+  // order of tensors_.all (both in argument order): the next one made is for all[aliases_.size()].
+  const Alias* alias_of_storage(const c10::StorageImpl* storage) const {
+    if (!first_of_.empty()) {
+      const size_t first = first_of_[aliases_.size()];
+      return first < aliases_.size() ? &aliases_[first] : nullptr;
     }
-    const auto it = by_storage_.find(storage);
-    return it == by_storage_.end() ? nullptr : &aliases_[it->second];
+    for (const auto& a : aliases_) {
+      if (a.original->storage().unsafeGetStorageImpl() == storage) return &a;
+    }
+    return nullptr;
   }
   at::Tensor remember(const at::Tensor& original, at::Tensor host) {
     aliases_.push_back({&original, host});
     return host;
   }
-  c10::DeviceIndex device_;
-  int64_t draw_span_ = 1;  // a random op draws as many numbers as its largest tensor has elements
+  const CallTensors& tensors_;  // the call's, alive for the whole call
   c10::SmallVector<Alias, 8> aliases_;
-  ska::flat_hash_map<const c10::StorageImpl*, size_t> by_storage_;  // the first alias of each storage
-  size_t indexed_ = 0;  // aliases_ in by_storage_
+  std::vector<uint32_t> first_of_;  // past kScanned tensors: each one's first tensor of its storage
   HostResults results_;
 };
 
