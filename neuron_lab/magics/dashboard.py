@@ -58,6 +58,18 @@ _MAX_TICK_FAILURES = 3
 
 
 @dataclass(frozen=True)
+class Rates:
+    """The activity panel's numbers, over the last second or so."""
+
+    seconds: float
+    busy: list[float]  # share of the time each core was busy
+    launches: float  # per second
+    ops_at_once: float  # per second: where graphs do not pay, ops run at once instead of launches
+    host_waits: float  # per second
+    waiting: float  # share of the time the host waited
+
+
+@dataclass(frozen=True)
 class LiveSample:
     """What the live thread reads, without waiting for the device."""
 
@@ -65,6 +77,7 @@ class LiveSample:
     allocated: tuple[int, ...]  # per core, as the allocator last counted
     busy_ns: tuple[int, ...]  # per core, running total of launch execution time
     launches: int
+    ops_at_once: int  # ops the runtime ran at once on the calling thread, not in a launch
     host_waits: int
     wait_ns: int  # running total of host time spent waiting
     queued: tuple[tuple[int, int, int], ...]  # (core, stream, launches queued)
@@ -80,6 +93,7 @@ class LiveSample:
         queued = tuple((d, s, ae.queue_depth(d, s)) for d in range(cores) for s in range(num_streams(d)))
         return cls(time=time.monotonic(), allocated=tuple(trace.allocated()[:cores]),
                    busy_ns=tuple(totals["device_busy_ns"][:cores]), launches=int(counters["launches"]),
+                   ops_at_once=int(counters.get("ops_run_at_once", 0)),
                    host_waits=int(sum((counters.get("syncs") or {}).values())), wait_ns=int(totals["wait_ns"]),
                    queued=queued)
 
@@ -331,9 +345,8 @@ class Dashboard:
         newest = self.samples[-1].time
         return [s for s in self.samples if newest - s.time <= _HISTORY_S]
 
-    def _rates(self) -> Optional[tuple[float, list[float], float, float, float]]:
-        """Over the last second or so: (seconds, busy share per core, launches/s, host waits/s,
-        share of the time the host waited)."""
+    def _rates(self) -> Optional[Rates]:
+        """Over the last second or so, from the live samples (None before two)."""
         window = self._window()
         if len(window) < 2:
             return None
@@ -341,9 +354,10 @@ class Dashboard:
         older = next((s for s in reversed(window[:-1]) if newest.time - s.time >= 0.9), window[0])
         seconds = max(newest.time - older.time, 1e-9)
         busy = [min(1.0, (b1 - b0) / 1e9 / seconds) for b0, b1 in zip(older.busy_ns, newest.busy_ns)]
-        return (seconds, busy, (newest.launches - older.launches) / seconds,
-                (newest.host_waits - older.host_waits) / seconds,
-                min(1.0, (newest.wait_ns - older.wait_ns) / 1e9 / seconds))
+        return Rates(seconds=seconds, busy=busy, launches=(newest.launches - older.launches) / seconds,
+                     ops_at_once=(newest.ops_at_once - older.ops_at_once) / seconds,
+                     host_waits=(newest.host_waits - older.host_waits) / seconds,
+                     waiting=min(1.0, (newest.wait_ns - older.wait_ns) / 1e9 / seconds))
 
     def _memory_chart_html(self) -> str:
         """Allocated bytes per core over the last minute: one line per core."""
@@ -371,10 +385,10 @@ class Dashboard:
         if rates is None:
             body = "<tr><td colspan='2'>measuring…</td></tr>"
         else:
-            seconds, busy, launches, waits, waiting = rates
-            rows = [(f"neuron:{i} busy", f"{share * 100:.0f}%") for i, share in enumerate(busy)]
-            rows += [("launches / s", f"{launches:.0f}"), ("host waits / s", f"{waits:.0f}"),
-                     ("host waiting", f"{waiting * 100:.0f}% of the time")]
+            rows = [(f"neuron:{i} busy", f"{share * 100:.0f}%") for i, share in enumerate(rates.busy)]
+            rows += [("launches / s", f"{rates.launches:.0f}"), ("ops run at once / s", f"{rates.ops_at_once:.0f}"),
+                     ("host waits / s", f"{rates.host_waits:.0f}"),
+                     ("host waiting", f"{rates.waiting * 100:.0f}% of the time")]
             body = "".join(f"<tr><td>{html.escape(k)}</td><td style='text-align:right'>{html.escape(v)}</td></tr>"
                            for k, v in rows)
         tip = html.escape("over the last second: " + TIME_PARTS["device busy"] + "; host waiting: "

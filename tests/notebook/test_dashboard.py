@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 
 import pytest
 import torch
@@ -182,6 +183,21 @@ def test_the_panel_updates_while_a_cell_runs(ip: InteractiveShell) -> None:
     assert f"after In [{n}]" in dashboard.header.value  # the cell's end: the full update
     dashboard.stop()
     assert not dashboard.live
+
+
+def test_the_panel_counts_ops_run_at_once_beside_launches(ip: InteractiveShell) -> None:
+    """Where graphs do not pay (shapes that never repeat, as generate()'s), the runtime runs ops
+    at once and launches nothing: the panel shows those ops per second, not an idle device."""
+    dashboard = show_dashboard(ip, "--interval 0")
+    dashboard.tick()
+    ok(ip, "w = torch.randn(8, 8, device='neuron')\n"
+           "for n in range(1, 121):\n"
+           "    torch.tanh(torch.randn(n, 8, device='neuron') @ w).softmax(-1).sum(0)\n")
+    dashboard.tick()
+    per_second = re.search(r"ops run at once / s</td><td[^>]*>(\d+)<", dashboard.activity_html.value)
+    assert per_second is not None, dashboard.activity_html.value
+    assert int(per_second.group(1)) > 0
+    assert dashboard.samples[-1].ops_at_once > dashboard.samples[0].ops_at_once
 
 
 def test_a_tick_never_waits_for_the_device(ip: InteractiveShell) -> None:
