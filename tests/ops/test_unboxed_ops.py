@@ -411,3 +411,20 @@ def test_copies_within_a_core_run_at_once_as_the_cpus() -> None:
     assert same_bits(cast.cpu(), base_cpu.double())
     assert same_bits(shifted.cpu(), want_shifted)
     assert same_bits(clone_of_view.cpu(), base_cpu[:, 2:5].clone())
+
+
+def test_copies_into_a_core_run_at_once_in_adaptive_mode_as_the_cpus() -> None:
+    """In adaptive mode, where ops run at once (shapes that never repeat), a copy from the host
+    into a core and a copy within it run at once too, with the CPU's bits: a transposed source,
+    a cast, and a destination that a later op reads."""
+    w_cpu = torch.randn(8, 8)
+    w = w_cpu.to("neuron")
+    before = ae.counters()["ops_run_at_once"]
+    for n in range(1, 41):  # a new length every step, as generate()'s growing KV cache
+        x_cpu = torch.randn(8, n)
+        x = torch.empty(n, 8, device="neuron").copy_(x_cpu.t())  # host -> core, transposed
+        wide = torch.empty(n, 8, dtype=torch.float64, device="neuron").copy_(x)  # within the core, a cast
+        got = torch.tanh(x @ w) + wide.float()
+        assert same_bits(got.cpu(), torch.tanh(x_cpu.t() @ w_cpu) + x_cpu.t().double().float())
+    c = ae.counters()
+    assert c["graphs_unrepeated"] and c["ops_run_at_once"] > before

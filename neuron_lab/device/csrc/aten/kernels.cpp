@@ -158,16 +158,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   const auto device = dst_on_device ? dst.device().index() : self.device().index();
   auto& counters = op_counters();
   const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
-  if (src_on_device && dst_on_device) {
-    // Within one core, where the runtime runs ops at once: the copy runs now, as the
-    // unboxed path runs its ops (unboxed_ops.cpp), without a boxed stack to decide it.
-    const at::Tensor* both[] = {&self, &dst};
-    if (self.device().index() == device && interceptor().begin_unboxed_op(both, "aten::copy_")) {
+  // Into one core, where the runtime runs ops at once: the copy runs now, as the unboxed
+  // path runs its ops (unboxed_ops.cpp), without a boxed stack to decide it or a staging
+  // copy of host memory. (In blocking mode the path below counts it by its reason.)
+  if (dst_on_device && (!src_on_device || self.device().index() == device) && interceptor().active()) {
+    const at::Tensor* both[] = {&dst, &self};
+    if (interceptor().begin_unboxed_op(c10::ArrayRef<const at::Tensor*>(both, src_on_device ? 2 : 1),
+                                       "aten::copy_")) {
       EndUnboxedOp end;
       copy_now(self, dst, device);
-      counters.device_to_device_bytes += bytes;
+      (src_on_device ? counters.device_to_device_bytes : counters.host_to_device_bytes) += bytes;
       return dst;
     }
+  }
+  if (src_on_device && dst_on_device) {
     // Within the device: an op like any other, recorded on the current stream.
     torch::jit::Stack stack{dst, self, false};
     if (interceptor().try_record(copy_op(), &stack)) {
