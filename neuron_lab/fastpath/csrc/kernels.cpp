@@ -60,12 +60,6 @@
 namespace neuron::fastpath {
 namespace {
 
-// Ends what begin_unboxed_op began, however the kernel returns (clone and _to_copy ready
-// their tensor themselves).
-struct UnboxedScope {
-  ~UnboxedScope() { interceptor().end_unboxed_op(); }
-};
-
 // ---- at-once kernels (the unboxed path) ----------------------------------------------------
 
 // Some ops of a decoding loop have a host kernel of their own with ATen's bits, faster than
@@ -336,7 +330,7 @@ std::optional<at::Tensor> block_copy_at_once(const at::Tensor& self, c10::IntArr
                                              at::ScalarType dtype) {
   const at::Tensor* inputs[] = {&self};
   if (!interceptor().begin_unboxed_op(inputs, name)) return std::nullopt;
-  UnboxedScope scope;
+  UnboxedOpScope scope;
   interceptor().check_readable(self);
   return write_new_result(self.device().index(), name, self.sizes(), strides, dtype, [&](const at::Tensor& out) {
     if (dtype != self.scalar_type()) return run_small_convert(self, out);

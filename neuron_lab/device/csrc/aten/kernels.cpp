@@ -147,16 +147,14 @@ void copy_now(const at::Tensor& self, const at::Tensor& dst, c10::DeviceIndex de
   interceptor().note_written(dst);
 }
 
-// Ends what begin_unboxed_op began, however the copy returns.
-struct EndUnboxedOp {
-  ~EndUnboxedOp() { interceptor().end_unboxed_op(); }
-};
-
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   const bool src_on_device = self.device().type() == kNeuron;
   const bool dst_on_device = dst.device().type() == kNeuron;
   const auto device = dst_on_device ? dst.device().index() : self.device().index();
   auto& counters = op_counters();
+  auto& copied = src_on_device && dst_on_device ? counters.device_to_device_bytes
+                 : dst_on_device                ? counters.host_to_device_bytes
+                                                : counters.device_to_host_bytes;
   const auto bytes = static_cast<uint64_t>(dst.numel()) * dst.element_size();
   // Into one core, where the runtime runs ops at once: the copy runs now, as the unboxed
   // path runs its ops (unboxed_ops.cpp), without a boxed stack to decide it or a staging
@@ -165,9 +163,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     const at::Tensor* both[] = {&dst, &self};
     if (interceptor().begin_unboxed_op(c10::ArrayRef<const at::Tensor*>(both, src_on_device ? 2 : 1),
                                        "aten::copy_")) {
-      EndUnboxedOp end;
+      UnboxedOpScope scope;
       copy_now(self, dst, device);
-      (src_on_device ? counters.device_to_device_bytes : counters.host_to_device_bytes) += bytes;
+      copied += bytes;
       return dst;
     }
   }
@@ -175,11 +173,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
     // Within the device: an op like any other, recorded on the current stream.
     torch::jit::Stack stack{dst, self, false};
     if (interceptor().try_record(copy_op(), &stack)) {
-      counters.device_to_device_bytes += bytes;
+      copied += bytes;
       return dst;
     }
   } else if (dst_on_device && interceptor().try_copy_from_host(dst, self)) {
-    counters.host_to_device_bytes += bytes;  // without waiting for the device
+    copied += bytes;  // without waiting for the device
     return dst;
   }
   // Host memory is involved: the copy happens now, after the launches that use
@@ -188,13 +186,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
       {self, dst},
       dst_on_device ? (src_on_device ? Reason::CopyBetweenCores : Reason::CopyFromHost) : Reason::CopyToHost, {});
   copy_now(self, dst, device);
-  if (src_on_device && dst_on_device) {
-    counters.device_to_device_bytes += bytes;
-  } else if (dst_on_device) {
-    counters.host_to_device_bytes += bytes;
-  } else {
-    counters.device_to_host_bytes += bytes;
-  }
+  copied += bytes;
   return dst;
 }
 

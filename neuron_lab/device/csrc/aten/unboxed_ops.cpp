@@ -518,11 +518,6 @@ struct FastAtOnce<Op, R(A...)> {
   }
 };
 
-// Ends what begin_unboxed_op began, however the kernel returns.
-struct UnboxedScope {
-  ~UnboxedScope() { interceptor().end_unboxed_op(); }
-};
-
 // ---- the kernel -------------------------------------------------------------------------
 
 // Where a call goes when the runtime does not run it at once: the boxed fallback, which
@@ -606,7 +601,7 @@ struct Unboxed<Op, Otherwise, R(A...)> {
         !interceptor().begin_unboxed_op(tensors.all, Op::name)) {
       return Otherwise::template call<R, A...>(std::forward<A>(args)...);
     }
-    UnboxedScope scope;
+    UnboxedOpScope scope;
     for (size_t i = 0; i < tensors.all.size(); ++i) {
       // Inputs must hold computed values; what the op writes is overwritten.
       if (!tensors.writes[i]) interceptor().check_readable(*tensors.all[i]);

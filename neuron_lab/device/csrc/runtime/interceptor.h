@@ -74,6 +74,14 @@ class OpInterceptor {
 
 // The registered runtime's interceptor, or the device's own (run everything at once).
 OpInterceptor& interceptor();
+
+// Ends what a true begin_unboxed_op began, however the kernel after it returns.
+struct UnboxedOpScope {
+  UnboxedOpScope() = default;
+  UnboxedOpScope(const UnboxedOpScope&) = delete;
+  UnboxedOpScope& operator=(const UnboxedOpScope&) = delete;
+  ~UnboxedOpScope() { interceptor().end_unboxed_op(); }
+};
 // Registers the runtime's interceptor when it loads; it must live as long as the
 // process. nullptr unregisters it.
 void set_interceptor(OpInterceptor* runtime);
