@@ -61,7 +61,6 @@ _MAX_TICK_FAILURES = 3
 class Rates:
     """The activity panel's numbers, over the last second or so."""
 
-    seconds: float
     busy: list[float]  # share of the time each core was busy
     launches: float  # per second
     ops_at_once: float  # per second: where graphs do not pay, ops run at once instead of launches
@@ -93,7 +92,7 @@ class LiveSample:
         queued = tuple((d, s, ae.queue_depth(d, s)) for d in range(cores) for s in range(num_streams(d)))
         return cls(time=time.monotonic(), allocated=tuple(trace.allocated()[:cores]),
                    busy_ns=tuple(totals["device_busy_ns"][:cores]), launches=int(counters["launches"]),
-                   ops_at_once=int(counters.get("ops_run_at_once", 0)),
+                   ops_at_once=int(counters["ops_run_at_once"]),
                    host_waits=int(sum((counters.get("syncs") or {}).values())), wait_ns=int(totals["wait_ns"]),
                    queued=queued)
 
@@ -354,7 +353,7 @@ class Dashboard:
         older = next((s for s in reversed(window[:-1]) if newest.time - s.time >= 0.9), window[0])
         seconds = max(newest.time - older.time, 1e-9)
         busy = [min(1.0, (b1 - b0) / 1e9 / seconds) for b0, b1 in zip(older.busy_ns, newest.busy_ns)]
-        return Rates(seconds=seconds, busy=busy, launches=(newest.launches - older.launches) / seconds,
+        return Rates(busy=busy, launches=(newest.launches - older.launches) / seconds,
                      ops_at_once=(newest.ops_at_once - older.ops_at_once) / seconds,
                      host_waits=(newest.host_waits - older.host_waits) / seconds,
                      waiting=min(1.0, (newest.wait_ns - older.wait_ns) / 1e9 / seconds))
