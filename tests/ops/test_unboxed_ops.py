@@ -92,6 +92,27 @@ CASES = {
     "bf16": (lambda a, b: (a @ b).softmax(-1) * 2, (_a(4, 8, dtype=torch.bfloat16), _a(8, 4, dtype=torch.bfloat16))),
 }
 
+# The ops user models call beyond those above (T5's position buckets, masks, clamps, a CNN's
+# activations): each case must take no boxed op at all.
+USER_MODEL_CASES = {
+    "compare": (lambda a, b: torch.stack([a < b, a <= 0.1, a > b, a >= 0.2, a != b, a < 0.3, a.le(b), a.gt(0.0),
+                                          a.ge(b), a.ne(0.5)]), (_a(4, 6), _a(4, 6))),
+    "unary_math": (lambda a: torch.cat([a.abs().sqrt(), a.abs().log(), a.abs().log1p(), a.abs().log2(), a.reciprocal(),
+                                        a.sign(), a.erf(), (a * 3).floor(), (a * 3).ceil(), (a * 3).trunc(), a.exp2(),
+                                        a.expm1(), a.relu(), (a / 0.0).nan_to_num(), (a / a.round()).isnan().float(),
+                                        a.round().logical_not().float()]), (_a(4, 6),)),
+    "binary_math": (lambda a, b: torch.cat([torch.minimum(a, b), torch.maximum(a, b), torch.atan2(a, b),
+                                            torch.remainder(a, b.abs() + 0.5), a.clamp(-0.5, 0.5), a.clamp_min(0.1),
+                                            torch.lerp(a, b, 0.3), torch.addcmul(a, a, b, value=0.5),
+                                            torch.addcdiv(a, a, b.abs() + 1, value=2), 2 ** a]), (_a(4, 6), _a(4, 6))),
+    "reductions": (lambda a, i: torch.cat([a.amax(-1), a.amin(0), a.cumsum(1).flatten(), a.gather(1, i).flatten(),
+                                           a.triu(1).flatten()]), (_a(4, 6), torch.tensor([[0, 5], [1, 1], [4, 2], [3, 0]]))),
+    "activations": (lambda a: torch.cat([F.leaky_relu(a, 0.2), F.softplus(a), F.elu(a), F.mish(a), F.hardsigmoid(a)]),
+                    (_a(4, 6),)),
+    "masked_fill_relu_": (lambda a: a.clone().masked_fill_(a > 0.5, -1.0).relu_(), (_a(4, 6),)),
+}
+CASES.update(USER_MODEL_CASES)
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_unboxed_op_gives_the_cpus_bits_when_run_at_once(name: str) -> None:
@@ -388,6 +409,22 @@ def test_dropout_run_at_once_takes_the_unboxed_path_with_the_cpus_draws(dtype: t
         got_bernoulli = torch.empty(40, dtype=dtype, device="neuron").bernoulli_(0.25, generator=explicit)
         assert same_bits(got_bernoulli.cpu(), cpu_bernoulli)
         assert _boxed_count() == boxed, "a dropout step took the boxed fallback"
+
+
+@pytest.mark.parametrize("name", sorted(USER_MODEL_CASES))
+def test_user_models_pointwise_ops_take_no_boxed_op(name: str) -> None:
+    """Comparisons, math, clamps, reductions and activations run at once on the unboxed path:
+    the boxed fallback's stack cost each of them 3 to 4 times the unboxed path's overhead."""
+    fn, args = USER_MODEL_CASES[name]
+    want = fn(*args)
+    inputs = [a.to("neuron") for a in args]
+    with neuron_lab.mode("blocking"):
+        fn(*inputs)  # first calls settle anything made once (generators, tables)
+        boxed = _boxed_count()
+        got = fn(*inputs).cpu()
+        boxed = _boxed_count() - boxed
+    assert same_bits(got, want), (name, got, want)
+    assert boxed == 0, f"{name}: {boxed} op(s) took the boxed fallback"
 
 
 def test_copies_within_a_core_run_at_once_as_the_cpus() -> None:

@@ -140,6 +140,88 @@
 #include <ATen/ops/tril_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
+// Pointwise math, comparisons, clamps, reductions and activations user models call (the
+// class of structured ops below, from the unboxed path's second list).
+#include <ATen/ops/addcdiv_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/addcdiv_ops.h>
+#include <ATen/ops/addcmul_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/addcmul_ops.h>
+#include <ATen/ops/amax_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/amax_ops.h>
+#include <ATen/ops/amin_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/amin_ops.h>
+#include <ATen/ops/atan2_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/atan2_ops.h>
+#include <ATen/ops/ceil_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/ceil_ops.h>
+#include <ATen/ops/clamp_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/clamp_ops.h>
+#include <ATen/ops/clamp_min_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/clamp_min_ops.h>
+#include <ATen/ops/cumsum_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/cumsum_ops.h>
+#include <ATen/ops/elu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/elu_ops.h>
+#include <ATen/ops/erf_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/erf_ops.h>
+#include <ATen/ops/exp2_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/exp2_ops.h>
+#include <ATen/ops/expm1_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/expm1_ops.h>
+#include <ATen/ops/floor_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/floor_ops.h>
+#include <ATen/ops/gather_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/gather_ops.h>
+#include <ATen/ops/ge_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/ge_ops.h>
+#include <ATen/ops/gt_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/gt_ops.h>
+#include <ATen/ops/hardsigmoid_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/hardsigmoid_ops.h>
+#include <ATen/ops/le_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/le_ops.h>
+#include <ATen/ops/leaky_relu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/leaky_relu_ops.h>
+#include <ATen/ops/lerp_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/lerp_ops.h>
+#include <ATen/ops/log_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/log_ops.h>
+#include <ATen/ops/log1p_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/log1p_ops.h>
+#include <ATen/ops/log2_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/log2_ops.h>
+#include <ATen/ops/lt_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/lt_ops.h>
+#include <ATen/ops/maximum_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/maximum_ops.h>
+#include <ATen/ops/minimum_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/minimum_ops.h>
+#include <ATen/ops/mish_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/mish_ops.h>
+#include <ATen/ops/ne_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/ne_ops.h>
+#include <ATen/ops/reciprocal_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/reciprocal_ops.h>
+#include <ATen/ops/remainder_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/round_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/round_ops.h>
+#include <ATen/ops/remainder_ops.h>
+#include <ATen/ops/sign_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sign_ops.h>
+#include <ATen/ops/softplus_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/softplus_ops.h>
+#include <ATen/ops/sqrt_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sqrt_ops.h>
+#include <ATen/ops/triu_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/triu_ops.h>
+#include <ATen/ops/trunc_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/trunc_ops.h>
+#include <ATen/ops/abs_ops.h>
+#include <ATen/ops/isnan_ops.h>
+#include <ATen/ops/logical_not_ops.h>
+#include <ATen/ops/masked_fill_ops.h>
+#include <ATen/ops/nan_to_num_ops.h>
+#include <ATen/ops/relu_ops.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
@@ -221,6 +303,10 @@ size_t tensor_count(const T&) {
 size_t tensor_count(const at::ITensorListRef& list) { return list.size(); }
 size_t tensor_count(at::TensorList list) { return list.size(); }
 
+// A dense tensor's storage, read without TensorImpl::storage()'s call and check (the
+// tensors here are the caller's neuron tensors and their host aliases: all have one).
+inline const c10::Storage& storage_of(const at::Tensor& t) { return t.unsafeGetTensorImpl()->unsafe_storage(); }
+
 // The host aliases of one call, one host storage per neuron storage (CPU kernels then
 // see the aliasing, as in x.add_(x)), and the way back from the kernel's results.
 class HostCall {
@@ -243,7 +329,7 @@ class HostCall {
 
   at::Tensor alias(const at::Tensor& t) {
     if (!t.defined() || t.device().type() != kNeuron) return t;  // a CPU scalar
-    if (const Alias* shared = alias_of_storage(t.storage().unsafeGetStorageImpl())) {
+    if (const Alias* shared = alias_of_storage(storage_of(t).unsafeGetStorageImpl())) {
       return remember(t, host_alias_sharing(t, shared->host.storage()));
     }
     return remember(t, cached_host_alias(t));
@@ -262,9 +348,9 @@ class HostCall {
   at::Tensor wrap(at::Tensor&& host) {
     if (!host.defined() || host.device().type() == kNeuron) return std::move(host);
     if (const at::Tensor* original = original_of(host)) return *original;
-    if (const void* data = host.storage().data(); data != nullptr && !host.is_conj() && !host.is_neg()) {
+    if (const void* data = storage_of(host).data(); data != nullptr && !host.is_conj() && !host.is_neg()) {
       for (const auto& a : aliases_) {
-        if (a.host.storage().data() == data) return neuron_view_of(*a.original, host);
+        if (storage_of(a.host).data() == data) return neuron_view_of(*a.original, host);
       }
     }
     return results_.adopt(std::move(host));
@@ -290,7 +376,7 @@ class HostCall {
   void index_storages() {
     const auto& all = tensors_.all;
     std::vector<std::pair<const c10::StorageImpl*, uint32_t>> order(all.size());
-    for (size_t i = 0; i < all.size(); ++i) order[i] = {all[i]->storage().unsafeGetStorageImpl(), i};
+    for (size_t i = 0; i < all.size(); ++i) order[i] = {storage_of(*all[i]).unsafeGetStorageImpl(), i};
     std::sort(order.begin(), order.end());
     first_of_.resize(all.size());
     for (size_t i = 0; i < order.size(); ++i) {
@@ -306,7 +392,7 @@ class HostCall {
       return first < aliases_.size() ? &aliases_[first] : nullptr;
     }
     for (const auto& a : aliases_) {
-      if (a.original->storage().unsafeGetStorageImpl() == storage) return &a;
+      if (storage_of(*a.original).unsafeGetStorageImpl() == storage) return &a;
     }
     return nullptr;
   }
@@ -793,6 +879,51 @@ NEURON_STRUCTURED(silu_backward, silu_backward)
 NEURON_STRUCTURED(gelu_backward, gelu_backward)
 NEURON_STRUCTURED(sigmoid_backward, sigmoid_backward)
 NEURON_STRUCTURED(threshold_backward, threshold_backward)
+// Pointwise math, comparisons, clamps, reductions and activations of user models: a
+// transformer's position buckets (T5), masks and clamps, a CNN's activations.
+NEURON_STRUCTURED(lt_Scalar, lt)
+NEURON_STRUCTURED(lt_Tensor, lt)
+NEURON_STRUCTURED(le_Scalar, le)
+NEURON_STRUCTURED(le_Tensor, le)
+NEURON_STRUCTURED(gt_Scalar, gt)
+NEURON_STRUCTURED(gt_Tensor, gt)
+NEURON_STRUCTURED(ge_Scalar, ge)
+NEURON_STRUCTURED(ge_Tensor, ge)
+NEURON_STRUCTURED(ne_Scalar, ne)
+NEURON_STRUCTURED(ne_Tensor, ne)
+NEURON_STRUCTURED(sqrt, sqrt)
+NEURON_STRUCTURED(log, log)
+NEURON_STRUCTURED(log1p, log1p)
+NEURON_STRUCTURED(log2, log2)
+NEURON_STRUCTURED(reciprocal, reciprocal)
+NEURON_STRUCTURED(sign, sign)
+NEURON_STRUCTURED(erf, erf)
+NEURON_STRUCTURED(floor, floor)
+NEURON_STRUCTURED(ceil, ceil)
+NEURON_STRUCTURED(trunc, trunc)
+NEURON_STRUCTURED(round, round)
+NEURON_STRUCTURED(exp2, exp2)
+NEURON_STRUCTURED(expm1, expm1)
+NEURON_STRUCTURED(minimum, minimum)
+NEURON_STRUCTURED(maximum, maximum)
+NEURON_STRUCTURED(atan2, atan2)
+NEURON_STRUCTURED(remainder_Tensor, remainder)
+NEURON_STRUCTURED(clamp, clamp)
+NEURON_STRUCTURED(clamp_min, clamp_min)
+NEURON_STRUCTURED(lerp_Scalar, lerp)
+NEURON_STRUCTURED(addcmul, addcmul)
+NEURON_STRUCTURED(addcdiv, addcdiv)
+NEURON_STRUCTURED(amax, amax)
+NEURON_STRUCTURED(amin, amin)
+NEURON_STRUCTURED(cumsum, cumsum)
+NEURON_STRUCTURED(leaky_relu, leaky_relu)
+NEURON_STRUCTURED(softplus, softplus)
+NEURON_STRUCTURED(elu, elu)
+NEURON_STRUCTURED(mish, mish)
+NEURON_STRUCTURED(hardsigmoid, hardsigmoid)
+NEURON_STRUCTURED(gather, gather)
+NEURON_STRUCTURED(triu, triu_symint)
+NEURON_STRUCTURED(pow_Scalar, pow)
 #undef NEURON_STRUCTURED
 
 // ---- the neuron:: ops (registrations.cpp defines them; random_kernels.cpp has their CPU kernels) ----
@@ -872,6 +1003,16 @@ void register_unboxed_ops(torch::Library& m) {
                ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input,
                ops::silu_backward_grad_input, ops::gelu_backward_grad_input, ops::sigmoid_backward_grad_input,
                ops::threshold_backward_grad_input>(m);  // activations' backward
+  register_each_unboxed<ops::lt_Scalar_out, ops::lt_Tensor_out, ops::le_Scalar_out, ops::le_Tensor_out,
+               ops::gt_Scalar_out, ops::gt_Tensor_out, ops::ge_Scalar_out, ops::ge_Tensor_out, ops::ne_Scalar_out,
+               ops::ne_Tensor_out, ops::sqrt_out, ops::log_out, ops::log1p_out, ops::log2_out, ops::reciprocal_out,
+               ops::sign_out, ops::erf_out, ops::floor_out, ops::ceil_out, ops::trunc_out, ops::round_out, ops::exp2_out,
+               ops::expm1_out, ops::minimum_out, ops::maximum_out, ops::atan2_out, ops::remainder_Tensor_out,
+               ops::clamp_out, ops::clamp_min_out, ops::lerp_Scalar_out, ops::addcmul_out, ops::addcdiv_out,
+               ops::amax_out, ops::amin_out, ops::cumsum_out, ops::leaky_relu_out, ops::softplus_out, ops::elu_out,
+               ops::mish_out, ops::hardsigmoid_out, ops::gather_out,
+               ops::triu_out, ops::pow_Scalar_out, ops::abs_out, ops::logical_not_out, ops::nan_to_num_out, ops::isnan,
+               ops::relu, ops::relu_, ops::masked_fill__Scalar>(m);  // the class of user models' ops above
   m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
   register_foreach_ops(m);
@@ -885,7 +1026,15 @@ void register_unboxed_ops(torch::Library& m) {
         register_sin, register_any_dim, register_any, register_all, register_all_dim, register_isneginf, register_tril,
         register__log_softmax, register_nll_loss_forward, register_nll_loss_backward,
         register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward,
-        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward}) {
+        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward,
+        register_lt_Scalar, register_lt_Tensor, register_le_Scalar, register_le_Tensor, register_gt_Scalar,
+        register_gt_Tensor, register_ge_Scalar, register_ge_Tensor, register_ne_Scalar, register_ne_Tensor,
+        register_sqrt, register_log, register_log1p, register_log2, register_reciprocal, register_sign, register_erf,
+        register_floor, register_ceil, register_trunc, register_round, register_exp2, register_expm1, register_minimum,
+        register_maximum, register_atan2, register_remainder_Tensor, register_clamp, register_clamp_min,
+        register_lerp_Scalar, register_addcmul, register_addcdiv, register_amax, register_amin, register_cumsum,
+        register_leaky_relu, register_softplus, register_elu, register_mish, register_hardsigmoid, register_gather,
+        register_triu, register_pow_Scalar}) {
     register_op(m);
   }
 }
