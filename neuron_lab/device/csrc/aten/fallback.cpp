@@ -76,7 +76,7 @@ at::Tensor host_alias_sharing(const at::Tensor& t, c10::Storage host_storage) {
 
 at::Tensor host_alias(const at::Tensor& t) { return host_alias_sharing(t, host_storage_of(t.storage())); }
 
-bool realias(at::Tensor& alias, const at::Tensor& t) {
+bool realias(at::Tensor& alias, const at::Tensor& t, bool inference_mode) {
   c10::TensorImpl* impl = alias.unsafeGetTensorImpl();
   const c10::Storage& storage = impl->unsafe_storage();
   // Only a plain CPU tensor over a plain CPU storage that nothing but `alias` holds: no
@@ -88,7 +88,7 @@ bool realias(at::Tensor& alias, const at::Tensor& t) {
   // a kernel that updates it in place through the full dispatch (a foreach op's per-tensor
   // calls) is refused where the mode differs, so it is made anew instead.
   if (!only_ours || !has_plain_cpu_keys(*impl) || impl->autograd_meta() != nullptr || impl->is_wrapped_number() ||
-      impl->is_inference() != c10::InferenceMode::is_enabled() || storage.device_type() != c10::kCPU ||
+      impl->is_inference() != inference_mode || storage.device_type() != c10::kCPU ||
       !storage.resizable()) {
     return false;
   }
@@ -119,10 +119,10 @@ namespace {
 // weights among ~90 tensors, which a 16-entry ring evicted before their next use.
 class AliasCache {
  public:
-  at::Tensor get(const at::Tensor& t) {
+  at::Tensor get(const at::Tensor& t, bool inference_mode) {
     const c10::TensorImpl* key = t.unsafeGetTensorImpl();
     Entry& slot = entries_[slot_of(key)];
-    if (slot.key == key && slot.host.defined() && still_describes(slot.host, t)) {
+    if (slot.key == key && slot.host.defined() && still_describes(slot.host, t, inference_mode)) {
       op_counters().aliases_reused.fetch_add(1, std::memory_order_relaxed);
       return slot.host;
     }
@@ -130,7 +130,7 @@ class AliasCache {
     // A miss recycles the slot's old alias where nothing else holds it: a decode step's
     // fresh intermediates miss two times in three, and a new alias and the old one's
     // destruction cost four allocations.
-    if (!slot.host.defined() || !realias(slot.host, t)) slot.host = host_alias(t);
+    if (!slot.host.defined() || !realias(slot.host, t, inference_mode)) slot.host = host_alias(t);
     return slot.host;
   }
 
@@ -144,24 +144,32 @@ class AliasCache {
     // Fibonacci hashing of the address: the product's top bits spread neighbouring allocations.
     return static_cast<size_t>((reinterpret_cast<uint64_t>(key) * 0x9E3779B97F4A7C15ull) >> (64 - kSlotBits));
   }
-  static bool still_describes(const at::Tensor& host, const at::Tensor& t) {
+  static bool still_describes(const at::Tensor& host, const at::Tensor& t, bool inference_mode) {
     const c10::TensorImpl* h = host.unsafeGetTensorImpl();
     const c10::StorageImpl* hs = h->unsafe_storage().unsafeGetStorageImpl();
     const c10::StorageImpl* ts = t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
     const bool only_here = host.use_count() == 1 && h->unsafe_storage().use_count() == 1;
-    return only_here && host.is_inference() == c10::InferenceMode::is_enabled() && hs->data() == ts->data() &&
-           hs->nbytes() == ts->nbytes() && h->dtype() == t.dtype() &&
-           h->sizes() == t.sizes() && h->strides() == t.strides() && h->storage_offset() == t.storage_offset() &&
-           h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg();
+    return only_here && hs->data() == ts->data() && hs->nbytes() == ts->nbytes() && h->dtype() == t.dtype() &&
+           same_dims(h->sizes(), t.sizes()) && same_dims(h->strides(), t.strides()) &&
+           h->storage_offset() == t.storage_offset() && h->is_conj() == t.is_conj() && h->is_neg() == t.is_neg() &&
+           host.is_inference() == inference_mode;
+  }
+  // A tensor's few sizes or strides, compared in place (ArrayRef's == calls memcmp).
+  static bool same_dims(c10::IntArrayRef a, c10::IntArrayRef b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] != b[i]) return false;
+    }
+    return true;
   }
   std::array<Entry, size_t{1} << kSlotBits> entries_;
 };
 
 }  // namespace
 
-at::Tensor cached_host_alias(const at::Tensor& t) {
+at::Tensor cached_host_alias(const at::Tensor& t, bool inference_mode) {
   thread_local AliasCache cache;
-  return cache.get(t);
+  return cache.get(t, inference_mode);
 }
 
 at::Tensor host_view(const at::Tensor& t) {
@@ -317,7 +325,7 @@ class Call {
   // same hundreds of parameters and states every step.
   at::Tensor host_alias_for(const at::Tensor& t) {
     const Aliased* a = find(Key::NeuronStorage, t.storage().unsafeGetStorageImpl());
-    return a != nullptr ? host_alias_sharing(t, a->host.storage()) : cached_host_alias(t);
+    return a != nullptr ? host_alias_sharing(t, a->host.storage()) : cached_host_alias(t, inference_mode_);
   }
 
   void note_device(c10::Device d, const c10::Argument& arg) {
@@ -405,6 +413,7 @@ class Call {
   }
 
   const c10::OperatorHandle& op_;
+  const bool inference_mode_ = c10::InferenceMode::is_enabled();  // read once a call
   c10::SmallVector<Aliased, 8> aliased_;
   std::array<ska::flat_hash_map<const void*, size_t>, kKeys> index_;
   std::array<size_t, kKeys> indexed_{};  // how many of aliased_ each index holds

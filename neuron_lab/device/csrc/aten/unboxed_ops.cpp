@@ -332,7 +332,7 @@ class HostCall {
     if (const Alias* shared = alias_of_storage(storage_of(t).unsafeGetStorageImpl())) {
       return remember(t, host_alias_sharing(t, shared->host.storage()));
     }
-    return remember(t, cached_host_alias(t));
+    return remember(t, cached_host_alias(t, inference_mode_));
   }
 
   // The caller's tensor behind a host alias the kernel returned, if it is one.
@@ -401,6 +401,7 @@ class HostCall {
     return host;
   }
   const CallTensors& tensors_;  // the call's, alive for the whole call
+  const bool inference_mode_ = c10::InferenceMode::is_enabled();  // read once a call
   c10::SmallVector<Alias, 8> aliases_;
   std::vector<uint32_t> first_of_;  // past kScanned tensors: each one's first tensor of its storage
   HostResults results_;
@@ -701,7 +702,8 @@ struct Unboxed<Op, Otherwise, R(A...)> {
     }
     HostCall call(tensors);
     std::tuple<HostArg<A>...> host_args{HostArg<A>(call, args)...};
-    c10::DeviceGuard guard(c10::Device(kNeuron, device));
+    c10::OptionalDeviceGuard guard;  // set only where another core is current
+    if (current_device() != device) guard.reset_device(c10::Device(kNeuron, device));
     // Fresh results take device memory while the kernel makes them: adopted, not copied.
     // Only this thread's C++ runs until they are adopted: lent privately, off the shared lock.
     HostAllocationsOnDevice allocations(Results<R>::fresh ? device : c10::DeviceIndex(-1),

@@ -803,8 +803,9 @@ class HostOrDeviceAllocator final : public c10::Allocator {
 };
 
 void install_host_or_device_allocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // A function-local static: after the first call, a check of its guard (std::call_once
+  // took several thread-local look-ups on every op that lends memory).
+  [[maybe_unused]] static const bool installed = [] {
     // Leaked on purpose, like the device allocator: CPU tensors may outlive everything.
     c10::Allocator* host = c10::GetCPUAllocator();
     g_host_raw_deleter = host->raw_deleter();
@@ -812,7 +813,8 @@ void install_host_or_device_allocator() {
     // The default priority: a CPU allocator installed later still takes over (host
     // kernels' results are then copied into device memory instead of adopted).
     c10::SetAllocator(c10::DeviceType::CPU, wrapper, /*priority=*/0);
-  });
+    return true;
+  }();
 }
 
 }  // namespace

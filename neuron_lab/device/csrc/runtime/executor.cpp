@@ -444,8 +444,13 @@ c10::Stream stream_of(const StreamState& s) { return make_stream(s.device, s.id)
 bool stream_idle(const StreamState& s) { return stream_completed(s) >= stream_enqueued(s); }
 
 c10::Stream exchange_stream(c10::Stream stream) {
-  stream_state(stream);  // validates
+  // The autograd engine sets each node's stream, almost always the current one already.
   const auto index = stream.device_index();
+  if (stream.device_type() == kNeuron && index >= 0 && index < device_count()) {
+    const c10::Stream current = current_stream(index);
+    if (current == stream) return current;
+  }
+  stream_state(stream);  // validates
   auto previous = current_stream(index);
   if (previous != stream) interceptor().flush_stream(previous, Reason::StreamSwitch);
   tl_stream[index] = stream.id();
@@ -689,8 +694,10 @@ LaunchScope::LaunchScope(c10::DeviceIndex device, const char* name, bool synced)
   if (!synced) synchronize_device(device, Reason::InlineOp, name);
   stream_ = &stream_state(current_stream(device));
   stream_->ran_inline.fetch_add(1, std::memory_order_relaxed);
-  record_ = trace::new_launch(trace::LaunchKind::Inline, name, device, stream_->id);
-  if (record_) record_->source = trace::capture();
+  if (trace::profiling()) {  // a record (and its name's copy) only for a profiler to read
+    record_ = trace::new_launch(trace::LaunchKind::Inline, name, device, stream_->id);
+    if (record_) record_->source = trace::capture();
+  }
   start_ns_ = trace::now_ns();
   if (record_) record_->start_ns.store(start_ns_);
   trace::busy_begin(start_ns_);

@@ -288,11 +288,12 @@ at::Tensor host_alias(const at::Tensor& neuron_tensor);
 // Makes `alias`, a host alias nothing else holds, an alias of `neuron_tensor` instead (its
 // bytes, dtype, shape and strides) without allocating; false, and nothing changed, where
 // something else could see the change.
-bool realias(at::Tensor& alias, const at::Tensor& neuron_tensor);
+// `inference_mode`: c10::InferenceMode::is_enabled(), read once by the caller for a whole call.
+bool realias(at::Tensor& alias, const at::Tensor& neuron_tensor, bool inference_mode);
 // host_alias from this thread's cache of recent aliases: the same alias again while it still
 // describes the tensor exactly and nothing else holds it (an optimizer's parameters, a
 // decoding loop's weights), else a recycled or new one. Hold it only for one call.
-at::Tensor cached_host_alias(const at::Tensor& neuron_tensor);
+at::Tensor cached_host_alias(const at::Tensor& neuron_tensor, bool inference_mode);
 // host_alias for neuron tensors; CPU and undefined tensors pass through as they are.
 at::Tensor host_view(const at::Tensor& t);
 // The same, over a given host storage: aliases of one neuron storage must share
