@@ -110,6 +110,11 @@ USER_MODEL_CASES = {
     "activations": (lambda a: torch.cat([F.leaky_relu(a, 0.2), F.softplus(a), F.elu(a), F.mish(a), F.hardsigmoid(a)]),
                     (_a(4, 6),)),
     "masked_fill_relu_": (lambda a: a.clone().masked_fill_(a > 0.5, -1.0).relu_(), (_a(4, 6),)),
+    "conv_and_backward": (_grads(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1).relu()
+                                 + F.conv1d(x.flatten(2), w.flatten(2)[:, :, :3], b).sum()),
+                          (_a(2, 3, 8, 8), _a(4, 3, 3, 3), _a(4))),
+    "sdpa_backward": (_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+                      (_a(1, 2, 5, 8), _a(1, 2, 5, 8), _a(1, 2, 5, 8))),
 }
 CASES.update(USER_MODEL_CASES)
 

@@ -510,8 +510,8 @@ void register_native_kernels(torch::Library& m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("convolution_overrideable", TORCH_FN(convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
-  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
-  m.impl("convolution_backward", torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  // convolution and convolution_backward are whole ops on the device (recorded by their shape
+  // rules, or run at once): the unboxed path's (unboxed_ops.cpp), not their composite kernels.
   // SDPA asks through the stub below; a direct call (a dispatch mode, a tracer, a user)
   // would otherwise take the fallback, whose host aliases drop requires_grad.
   m.impl("_fused_sdp_choice", TORCH_FN(sdp_choice));

@@ -217,6 +217,9 @@
 #include <ATen/ops/trunc_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/trunc_ops.h>
 #include <ATen/ops/abs_ops.h>
+#include <ATen/ops/convolution_backward_ops.h>
+#include <ATen/ops/convolution_ops.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_ops.h>
 #include <ATen/ops/isnan_ops.h>
 #include <ATen/ops/logical_not_ops.h>
 #include <ATen/ops/masked_fill_ops.h>
@@ -1014,7 +1017,10 @@ void register_unboxed_ops(torch::Library& m) {
                ops::amax_out, ops::amin_out, ops::cumsum_out, ops::leaky_relu_out, ops::softplus_out, ops::elu_out,
                ops::mish_out, ops::hardsigmoid_out, ops::gather_out,
                ops::triu_out, ops::pow_Scalar_out, ops::abs_out, ops::logical_not_out, ops::nan_to_num_out, ops::isnan,
-               ops::relu, ops::relu_, ops::masked_fill__Scalar>(m);  // the class of user models' ops above
+               ops::relu, ops::relu_, ops::masked_fill__Scalar,
+               // a CNN's, a ViT's patch embedding and an audio model's convolutions, attention's backward
+               ops::convolution, ops::convolution_backward,
+               ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);  // the class of user models' ops above
   m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
   register_foreach_ops(m);
