@@ -203,9 +203,9 @@
 #include <ATen/ops/reciprocal_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/reciprocal_ops.h>
 #include <ATen/ops/remainder_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/remainder_ops.h>
 #include <ATen/ops/round_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/round_ops.h>
-#include <ATen/ops/remainder_ops.h>
 #include <ATen/ops/sign_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/sign_ops.h>
 #include <ATen/ops/softplus_compositeexplicitautogradnonfunctional_dispatch.h>
@@ -884,51 +884,19 @@ NEURON_STRUCTURED(silu_backward, silu_backward)
 NEURON_STRUCTURED(gelu_backward, gelu_backward)
 NEURON_STRUCTURED(sigmoid_backward, sigmoid_backward)
 NEURON_STRUCTURED(threshold_backward, threshold_backward)
-// Pointwise math, comparisons, clamps, reductions and activations of user models: a
-// transformer's position buckets (T5), masks and clamps, a CNN's activations.
-NEURON_STRUCTURED(lt_Scalar, lt)
-NEURON_STRUCTURED(lt_Tensor, lt)
-NEURON_STRUCTURED(le_Scalar, le)
-NEURON_STRUCTURED(le_Tensor, le)
-NEURON_STRUCTURED(gt_Scalar, gt)
-NEURON_STRUCTURED(gt_Tensor, gt)
-NEURON_STRUCTURED(ge_Scalar, ge)
-NEURON_STRUCTURED(ge_Tensor, ge)
-NEURON_STRUCTURED(ne_Scalar, ne)
-NEURON_STRUCTURED(ne_Tensor, ne)
-NEURON_STRUCTURED(sqrt, sqrt)
-NEURON_STRUCTURED(log, log)
-NEURON_STRUCTURED(log1p, log1p)
-NEURON_STRUCTURED(log2, log2)
-NEURON_STRUCTURED(reciprocal, reciprocal)
-NEURON_STRUCTURED(sign, sign)
-NEURON_STRUCTURED(erf, erf)
-NEURON_STRUCTURED(floor, floor)
-NEURON_STRUCTURED(ceil, ceil)
-NEURON_STRUCTURED(trunc, trunc)
-NEURON_STRUCTURED(round, round)
-NEURON_STRUCTURED(exp2, exp2)
-NEURON_STRUCTURED(expm1, expm1)
-NEURON_STRUCTURED(minimum, minimum)
-NEURON_STRUCTURED(maximum, maximum)
-NEURON_STRUCTURED(atan2, atan2)
-NEURON_STRUCTURED(remainder_Tensor, remainder)
-NEURON_STRUCTURED(clamp, clamp)
-NEURON_STRUCTURED(clamp_min, clamp_min)
-NEURON_STRUCTURED(lerp_Scalar, lerp)
-NEURON_STRUCTURED(addcmul, addcmul)
-NEURON_STRUCTURED(addcdiv, addcdiv)
-NEURON_STRUCTURED(amax, amax)
-NEURON_STRUCTURED(amin, amin)
-NEURON_STRUCTURED(cumsum, cumsum)
-NEURON_STRUCTURED(leaky_relu, leaky_relu)
-NEURON_STRUCTURED(softplus, softplus)
-NEURON_STRUCTURED(elu, elu)
-NEURON_STRUCTURED(mish, mish)
-NEURON_STRUCTURED(hardsigmoid, hardsigmoid)
-NEURON_STRUCTURED(gather, gather)
-NEURON_STRUCTURED(triu, triu_symint)
-NEURON_STRUCTURED(pow_Scalar, pow)
+// Pointwise math, comparisons, clamps, reductions and activations of user models (a
+// transformer's position buckets, masks and clamps, a CNN's activations): structured ops whose
+// out= form is <op_struct>_out, both taken by the unboxed path (register_unboxed_ops). One list,
+// X(op_struct, the functional kernel's name), defines and registers them.
+#define NEURON_USER_MODEL_STRUCTURED_OPS(X) \
+  X(lt_Scalar, lt) X(lt_Tensor, lt) X(le_Scalar, le) X(le_Tensor, le) X(gt_Scalar, gt) X(gt_Tensor, gt) \
+  X(ge_Scalar, ge) X(ge_Tensor, ge) X(ne_Scalar, ne) X(ne_Tensor, ne) X(sqrt, sqrt) X(log, log) X(log1p, log1p) \
+  X(log2, log2) X(reciprocal, reciprocal) X(sign, sign) X(erf, erf) X(floor, floor) X(ceil, ceil) X(trunc, trunc) \
+  X(round, round) X(exp2, exp2) X(expm1, expm1) X(minimum, minimum) X(maximum, maximum) X(atan2, atan2) \
+  X(remainder_Tensor, remainder) X(clamp, clamp) X(clamp_min, clamp_min) X(lerp_Scalar, lerp) X(addcmul, addcmul) \
+  X(addcdiv, addcdiv) X(amax, amax) X(amin, amin) X(cumsum, cumsum) X(leaky_relu, leaky_relu) X(softplus, softplus) \
+  X(elu, elu) X(mish, mish) X(hardsigmoid, hardsigmoid) X(gather, gather) X(triu, triu_symint) X(pow_Scalar, pow)
+NEURON_USER_MODEL_STRUCTURED_OPS(NEURON_STRUCTURED)
 #undef NEURON_STRUCTURED
 
 // ---- the neuron:: ops (registrations.cpp defines them; random_kernels.cpp has their CPU kernels) ----
@@ -1008,19 +976,18 @@ void register_unboxed_ops(torch::Library& m) {
                ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input,
                ops::silu_backward_grad_input, ops::gelu_backward_grad_input, ops::sigmoid_backward_grad_input,
                ops::threshold_backward_grad_input>(m);  // activations' backward
-  register_each_unboxed<ops::lt_Scalar_out, ops::lt_Tensor_out, ops::le_Scalar_out, ops::le_Tensor_out,
-               ops::gt_Scalar_out, ops::gt_Tensor_out, ops::ge_Scalar_out, ops::ge_Tensor_out, ops::ne_Scalar_out,
-               ops::ne_Tensor_out, ops::sqrt_out, ops::log_out, ops::log1p_out, ops::log2_out, ops::reciprocal_out,
-               ops::sign_out, ops::erf_out, ops::floor_out, ops::ceil_out, ops::trunc_out, ops::round_out, ops::exp2_out,
-               ops::expm1_out, ops::minimum_out, ops::maximum_out, ops::atan2_out, ops::remainder_Tensor_out,
-               ops::clamp_out, ops::clamp_min_out, ops::lerp_Scalar_out, ops::addcmul_out, ops::addcdiv_out,
-               ops::amax_out, ops::amin_out, ops::cumsum_out, ops::leaky_relu_out, ops::softplus_out, ops::elu_out,
-               ops::mish_out, ops::hardsigmoid_out, ops::gather_out,
-               ops::triu_out, ops::pow_Scalar_out, ops::abs_out, ops::logical_not_out, ops::nan_to_num_out, ops::isnan,
-               ops::relu, ops::relu_, ops::masked_fill__Scalar,
-               // a CNN's, a ViT's patch embedding and an audio model's convolutions, attention's backward
-               ops::convolution, ops::convolution_backward,
-               ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);  // the class of user models' ops above
+  // User models' structured ops (NEURON_USER_MODEL_STRUCTURED_OPS), functional and out= forms.
+#define NEURON_REGISTER_WITH_OUT(op_struct, function) \
+  register_##op_struct(m);                          \
+  register_unboxed<ops::op_struct##_out>(m);
+  NEURON_USER_MODEL_STRUCTURED_OPS(NEURON_REGISTER_WITH_OUT)
+#undef NEURON_REGISTER_WITH_OUT
+  // User models' other ops: abs, masks and relu, whose functional forms reach their out= forms
+  // or have CPU kernels of their own; a CNN's, a ViT's patch embedding's and an audio model's
+  // convolutions; attention's backward.
+  register_each_unboxed<ops::abs_out, ops::logical_not_out, ops::nan_to_num_out, ops::isnan, ops::relu, ops::relu_,
+                        ops::masked_fill__Scalar, ops::convolution, ops::convolution_backward,
+                        ops::_scaled_dot_product_flash_attention_for_cpu_backward>(m);
   m.impl("clone", TORCH_FN(clone));
   m.impl("_to_copy", TORCH_FN(to_copy));
   register_foreach_ops(m);
@@ -1034,17 +1001,10 @@ void register_unboxed_ops(torch::Library& m) {
         register_sin, register_any_dim, register_any, register_all, register_all_dim, register_isneginf, register_tril,
         register__log_softmax, register_nll_loss_forward, register_nll_loss_backward,
         register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward,
-        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward,
-        register_lt_Scalar, register_lt_Tensor, register_le_Scalar, register_le_Tensor, register_gt_Scalar,
-        register_gt_Tensor, register_ge_Scalar, register_ge_Tensor, register_ne_Scalar, register_ne_Tensor,
-        register_sqrt, register_log, register_log1p, register_log2, register_reciprocal, register_sign, register_erf,
-        register_floor, register_ceil, register_trunc, register_round, register_exp2, register_expm1, register_minimum,
-        register_maximum, register_atan2, register_remainder_Tensor, register_clamp, register_clamp_min,
-        register_lerp_Scalar, register_addcmul, register_addcdiv, register_amax, register_amin, register_cumsum,
-        register_leaky_relu, register_softplus, register_elu, register_mish, register_hardsigmoid, register_gather,
-        register_triu, register_pow_Scalar}) {
+        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward}) {
     register_op(m);
   }
 }
+#undef NEURON_USER_MODEL_STRUCTURED_OPS
 
 }  // namespace neuron
