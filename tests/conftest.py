@@ -130,28 +130,38 @@ def replay_tier():
 @pytest.fixture
 def launches_on_device_thread():
     """For tests of the device thread's own mechanics (wake-ups, hand-offs, its OpenMP
-    workers): launches go to the stream's device thread on any machine. Under ``auto`` a
-    machine whose kernels take every CPU runs them on the host (neuron_lab/device/launches.py)."""
+    workers): launches go to the stream's device thread on any machine, and their small graphs
+    stay recorded. Under ``auto`` a machine whose kernels take every CPU runs them on the host
+    (neuron_lab/device/launches.py); on the device thread, configure's run_at_once_if_cheaper
+    would run ops at once where recording them costs the host more than it moves there."""
     from neuron_lab.device.launches import launches_run_on
 
     torch.neuron.synchronize()
-    with launches_run_on("device_thread"):
-        yield
-    torch.neuron.synchronize()
+    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
+    neuron_lab.configure(run_at_once_if_cheaper=False)
+    try:
+        with launches_run_on("device_thread"):
+            yield
+        torch.neuron.synchronize()
+    finally:
+        neuron_lab.configure(run_at_once_if_cheaper=previous)
 
 
 @pytest.fixture
 def graphs_recorded_on_host():
     """For tests of recording itself (the graph cache, joins, the rules that decide whether
-    graphs repeat, where launches run): graphs stay recorded where the host runs launches too.
-    There configure's run_at_once_on_host would otherwise run ops at once after 8 launches
-    (RepeatTracker::kHostRunsWindow) on a machine whose kernels take every CPU."""
+    graphs repeat, where launches run): graphs stay recorded whoever runs launches. Where the
+    host runs them, configure's run_at_once_on_host would otherwise run ops at once after 8
+    launches (RepeatTracker::kHostRunsWindow) on a machine whose kernels take every CPU; on a
+    device thread, run_at_once_if_cheaper would where recording costs the host more than it
+    moves to the device (the small ops of most tests)."""
     from neuron_lab import adaptive_eager
 
-    previous = adaptive_eager.policy()["run_at_once_on_host"]
-    neuron_lab.configure(run_at_once_on_host=False)
+    keys = ("run_at_once_on_host", "run_at_once_if_cheaper")
+    previous = {k: adaptive_eager.policy()[k] for k in keys}
+    neuron_lab.configure(**dict.fromkeys(keys, False))
     yield
-    neuron_lab.configure(run_at_once_on_host=previous)
+    neuron_lab.configure(**previous)
 
 
 @pytest.fixture

@@ -73,6 +73,7 @@ def configure(
     run_unrepeated_at_once: Optional[bool] = None,
     max_bytes: Optional[int] = None,
     run_at_once_on_host: Optional[bool] = None,
+    run_at_once_if_cheaper: Optional[bool] = None,
 ) -> dict:
     """Sets knobs of adaptive eager; returns the resulting policy.
 
@@ -113,6 +114,16 @@ def configure(
         never waits on the host too), and no probe records again while that holds (default
         True; not with ``compile=True``). ``False`` keeps graphs recorded, e.g. to study their
         fusion.
+    run_at_once_if_cheaper: where a device thread runs launches (``torch.get_num_threads()``
+        below the usable CPUs: a machine with SMT, ``torchrun``'s one thread per process),
+        recording pays only where the kernels it moves off the host thread take longer than
+        the host then spends recording them and waiting for them. Each 16 launches weigh the
+        two (``trace.totals()``'s ``record_ns`` and ``wait_ns`` against ``device_busy_ns``, on
+        cached graphs: building one is paid once); where the host spent a fifth more (running
+        at once has per-op costs of its own), ops run at once (as above), and a probe that finds graphs
+        repeating records 16 launches again to weigh them anew, each such probe later than
+        the last while recording keeps costing more (default True; not with
+        ``compile=True``). ``False`` keeps such graphs recorded.
     """
     current = _native.policy()
     new = {
@@ -128,6 +139,8 @@ def configure(
                                    else bool(run_unrepeated_at_once)),
         "run_at_once_on_host": (current["run_at_once_on_host"] if run_at_once_on_host is None
                                   else bool(run_at_once_on_host)),
+        "run_at_once_if_cheaper": (current["run_at_once_if_cheaper"] if run_at_once_if_cheaper is None
+                                   else bool(run_at_once_if_cheaper)),
     }
     if new["max_ops"] < 1:
         raise ValueError(f"max_ops must be at least 1, got {new['max_ops']}")
@@ -147,7 +160,8 @@ def configure(
         compiler.install()  # the background compiler, from the first time anything may compile
     _native.configure(new["max_ops"], new["idle_flush_bytes"], new["compile_after"], new["compile"],
                       new["capture_source"], new["graph_cache_size"], new["idle_flush_ops"],
-                      new["run_unrepeated_at_once"], new["max_bytes"], new["run_at_once_on_host"])
+                      new["run_unrepeated_at_once"], new["max_bytes"], new["run_at_once_on_host"],
+                      new["run_at_once_if_cheaper"])
     return policy()
 
 

@@ -5,6 +5,7 @@ never take device memory, streams ordered by events, threads and fork handled.""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -1513,7 +1514,7 @@ def _small_step(x: torch.Tensor, w: torch.Tensor) -> None:
 @pytest.mark.parametrize("runner, rows, knob, compiled, at_once", [
     ("host", 4, True, False, True),            # 4 KiB per op, no device thread: replay costs more
     ("host", 128, True, False, True),          # 128 KiB per op: the same
-    ("device_thread", 4, True, False, False),  # the device thread computes while the host records
+    ("device_thread", 4, True, False, False),  # the device thread computes while the host records (cost not weighed)
     ("host", 4, False, False, False),          # configure(run_at_once_on_host=False)
     ("host", 4, True, True, False),            # compile=True: a compiled graph is other kernels
 ], ids=["host-small", "host-big", "device_thread", "host-knob_off", "host-compiled"])
@@ -1524,14 +1525,16 @@ def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, kn
     generate() about 3.6 us per op more; UNet, ResNet-18 and 6-layer 512-wide transformers
     steps 3-15% more). A repeating loop there runs at once after a window of 32 launches, with
     the same numbers, whatever its ops' size; a device thread, the compiled tier or the knob
-    keep it recorded."""
+    keep it recorded. (On the device thread the cost is not weighed here: the tests of
+    run_at_once_if_cheaper below weigh it.)"""
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()
     w = torch.randn(256, 256, device="neuron")
     x = torch.randn(rows, 256, device="neuron")
     previous = neuron_lab.configure()
-    neuron_lab.configure(run_at_once_on_host=knob, compile=compiled, compile_after=10_000)
+    neuron_lab.configure(run_at_once_on_host=knob, run_at_once_if_cheaper=False, compile=compiled,
+                         compile_after=10_000)
     try:
         with launches_run_on(runner):
             for _ in range(40):
@@ -1556,7 +1559,8 @@ def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, kn
             else:
                 assert not events, events
     finally:
-        neuron_lab.configure(**{k: previous[k] for k in ("run_at_once_on_host", "compile", "compile_after")})
+        neuron_lab.configure(**{k: previous[k] for k in ("run_at_once_on_host", "run_at_once_if_cheaper", "compile",
+                                                          "compile_after")})
 
 
 def _chain(y: torch.Tensor, w: torch.Tensor, steps: int) -> torch.Tensor:
@@ -1600,11 +1604,15 @@ def test_a_probe_that_finds_graphs_repeating_resumes_recording_only_on_the_devic
     """generate() runs at once while its shapes grow; called again with the same prompt, its
     probes find every graph cached. With a device thread recording resumes; where the host
     runs launches, replaying those small graphs costs more than running them, so ops stay at
-    once (tiny Llama's generate() took 24 ms recorded against 15 ms at once, the CPU's 14)."""
+    once (tiny Llama's generate() took 24 ms recorded against 15 ms at once, the CPU's 14).
+    (The device thread's cost is not weighed here: see the tests of run_at_once_if_cheaper.)"""
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()
-    with launches_run_on(runner):
+    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
+    neuron_lab.configure(run_at_once_if_cheaper=False)
+    with launches_run_on(runner), contextlib.ExitStack() as restore:
+        restore.callback(neuron_lab.configure, run_at_once_if_cheaper=previous)
         w = torch.randn(8, 8, device="neuron")
         for n in range(1, 61):  # growing shapes: ops run at once
             _step_of_length(n, w)
@@ -1618,6 +1626,82 @@ def test_a_probe_that_finds_graphs_repeating_resumes_recording_only_on_the_devic
         assert not c["graphs_unrepeated"] and switches[-1] == "ops recorded again", switches
     else:
         assert c["graphs_unrepeated"] and "ops recorded again" not in switches, switches
+
+
+
+_COST_SWITCH = re.compile(r"recording the last 16 graphs cost the host (\d+(?:\.\d+)?) ms \((\d+(?:\.\d+)?) recording, "
+                          r"(\d+(?:\.\d+)?) waiting for the device\) while their kernels kept the device thread busy "
+                          r"(\d+(?:\.\d+)?) ms")
+
+
+@pytest.mark.parametrize("knob", [True, False])
+def test_on_the_device_thread_ops_run_at_once_where_recording_costs_the_host_more(knob: bool) -> None:
+    """With a device thread (torch.get_num_threads() below the usable CPUs: SMT, torchrun's one
+    thread per process), a loop of small ops that reads back every step recorded graphs whose
+    kernels took less time than the host spent recording and waiting for them (tiny
+    transformers steps 1.25-1.45x CPU eager recorded, 1.04-1.16x at once). Each 16 launches
+    weigh the two; where the host spent more, ops run at once, with the same numbers, and the
+    event says by how much. Probes that find the graphs repeating weigh them again and keep
+    ops at once. configure(run_at_once_if_cheaper=False) keeps them recorded."""
+    ae.clear_graph_cache()
+    start = neuron_lab.observability.records.now_ns()
+    w = torch.randn(64, 64, device="neuron")
+    x = torch.randn(4, 64, device="neuron")
+    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
+    neuron_lab.configure(run_at_once_if_cheaper=knob)
+    try:
+        with launches_run_on("device_thread"):
+            for _ in range(40):
+                _small_step(x, w)  # each step's read: its launch, run by the waiting host
+            c = ae.counters()
+            assert c["cache_hits"] > 0  # before any switch, every step hit its graph
+            assert c["graphs_unrepeated"] == knob, c
+            assert (c["ops_run_at_once"] > 0) == knob, c
+            events = _policy_events(start)
+            if not knob:
+                assert not events, events
+                return
+            assert [e.what for e in events] == ["ops run at once"], events
+            match = _COST_SWITCH.search(events[0].detail)
+            assert match, events[0].detail
+            host, recording, waiting, busy = (float(v) for v in match.groups())
+            assert host > busy and abs(host - recording - waiting) < 0.02, events[0].detail
+            launches = c["graph_launches"]
+            for _ in range(80):  # the loop repeats: probes record a stretch and weigh it again
+                _small_step(x, w)
+            after = ae.counters()
+            assert after["graphs_unrepeated"], after
+            assert 1 <= after["graph_launches"] - launches <= 16, after  # a few probes' stretches
+            assert "ops recorded again" not in [e.what for e in _policy_events(start)]
+    finally:
+        neuron_lab.configure(run_at_once_if_cheaper=previous)
+
+
+def test_on_the_device_thread_recording_stays_where_the_device_computes_while_the_host_works() -> None:
+    """Where the device thread's kernels take longer than the host spends recording and waiting
+    for them (big matmuls, computed while the host runs Python: a data pipeline, a logger),
+    recording pays, and graphs stay recorded: no switch, no op run at once."""
+    ae.clear_graph_cache()
+    start = neuron_lab.observability.records.now_ns()
+    w = torch.randn(512, 512, device="neuron") / 23
+    x = torch.randn(512, 512, device="neuron")
+    expected = x.cpu()
+    with launches_run_on("device_thread"):
+        y = x
+        for _ in range(12):
+            y = torch.tanh(y @ w)  # 1 MiB results: the idle device gets each launch at once
+            y = torch.tanh(y @ w)
+            ae.flush()  # the rest of the step goes to the device thread too
+            sum(i * i for i in range(200_000))  # the host's own work meanwhile
+            y.sum().item()
+        c = ae.counters()
+    assert not c["graphs_unrepeated"] and c["ops_run_at_once"] == 0, c
+    assert c["graph_launches"] > 16  # the cost was weighed at least once
+    assert not _policy_events(start)
+    wc = w.cpu()
+    for _ in range(12):
+        expected = torch.tanh(torch.tanh(expected @ wc) @ wc)
+    assert torch.equal(y.cpu(), expected)
 
 
 # ---- tiled replay -------------------------------------------------------------------------

@@ -70,6 +70,9 @@ struct Policy {
   // Where the host runs launches, graphs of small ops run at once too: replaying them there
   // costs more than running them (RepeatTracker).
   std::atomic<bool> run_at_once_on_host{true};
+  // Where a device thread runs them, graphs run at once when recording them was measured
+  // to cost the host more than it moved to the device (RepeatTracker).
+  std::atomic<bool> run_at_once_if_cheaper{true};
 };
 Policy& policy();
 
@@ -112,6 +115,15 @@ Policy& policy();
 // probe begins there: one whose stretches launched only cached graphs could not resume
 // recording, so the waits to the next chance double instead (a device thread may come, and
 // then probes begin again). Not with the compiled tier on: a compiled graph is other kernels.
+// Where a device thread runs launches, recording pays only where the kernels it moves off
+// the host thread take longer than the host then spends recording them and waiting for
+// them: running at once, the host would run those kernels instead. Both are measured over
+// kCostWindow launches of cached graphs in a row (HostCost: a graph's building is paid once,
+// not each step); where the host spent more, ops run at once, and a probe that
+// launched only cached graphs resumes recording only if it measured the other way (else
+// the waits to the next probe double). Measured with torch.set_num_threads(1) on two cores:
+// tiny transformers steps recorded 1.25-1.45x CPU eager (run at once 1.04-1.16x), a tiny
+// Llama's generate() 1.9x; UNet and 128-wide or wider steps ran 0.84-0.95x recorded.
 class RepeatTracker {
  public:
   static constexpr int kRegrownMisses = 3;
@@ -173,10 +185,31 @@ class RepeatTracker {
   // Whether recording pays (replaying costs no more than running); where not, the repeats
   // and waits to the next probe double. Asked before a probe begins and after one hit.
   bool recording_would_pay_locked();
+  // What recording has cost the host, and what the device computed, since a moment
+  // (trace's running totals): recording pays where busy_ns exceeds the host's share.
+  struct HostCost {
+    int64_t record_ns = 0, wait_ns = 0, busy_ns = 0;
+    static HostCost now();
+    HostCost since(const HostCost& start) const;
+    // By a fifth at least: running at once costs the host its kernels and its own per-op path
+    // too (host aliases, result copies), which busy time does not show (UNet's steps ran 0.8x
+    // as long recorded as at once with the host's share 1-4% above busy time; tiny GPT-2's
+    // 1.2x as long with it 35-45% above).
+    bool recording_costs_more() const { return (record_ns + wait_ns) * 5 > busy_ns * 6; }
+  };
+  // Whether the launches since the cost window began (kCostWindow cache hits in a row, each
+  // noted here) cost the host more than they kept the device busy; `spent` gets the figures.
+  bool recording_cost_more_locked(bool hit, HostCost& spent);
+  static constexpr int kCostWindow = 16;
+  int cost_launches_ = 0;  // launches noted since cost_start_
+  HostCost probe_cost_start_;  // at the end of the probe's first stretch that launched only hits
+  HostCost cost_start_;
+  bool weighs_cost() const;  // a device thread runs launches and the policy weighs recording
   // Why ops start running at once (the event log's words).
-  enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches };
+  enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches, RecordingCostsMore };
   // small_op_bytes: the bytes written per op by the launches that made it switch.
-  void set_unrepeated_locked(bool unrepeated, Unrepeated why = Unrepeated::FewHits, int64_t small_op_bytes = 0);
+  void set_unrepeated_locked(bool unrepeated, Unrepeated why = Unrepeated::FewHits, int64_t small_op_bytes = 0,
+                             const HostCost* spent = nullptr);
   std::atomic<bool> unrepeated_{false};
   std::atomic<bool> probing_{false};
   std::atomic<bool> small_ops_{false};

@@ -39,9 +39,11 @@ void register_bindings(py::module& m) {
   m.def("get_mode", []() { return static_cast<int>(mode()); });
   m.def("configure", [](int64_t max_ops, int64_t idle_flush_bytes, int64_t compile_after, bool compile,
                         bool capture_source, int64_t graph_cache_size, int64_t idle_flush_ops,
-                        bool run_unrepeated_at_once, int64_t max_bytes, bool run_at_once_on_host) {
+                        bool run_unrepeated_at_once, int64_t max_bytes, bool run_at_once_on_host,
+                        bool run_at_once_if_cheaper) {
     auto& p = policy();
     p.run_at_once_on_host = run_at_once_on_host;
+    p.run_at_once_if_cheaper = run_at_once_if_cheaper;
     p.max_bytes = max_bytes;
     p.run_unrepeated_at_once = run_unrepeated_at_once;
     p.idle_flush_ops = idle_flush_ops;
@@ -65,6 +67,7 @@ void register_bindings(py::module& m) {
     d["idle_flush_ops"] = p.idle_flush_ops.load();
     d["run_unrepeated_at_once"] = p.run_unrepeated_at_once.load();
     d["run_at_once_on_host"] = p.run_at_once_on_host.load();
+    d["run_at_once_if_cheaper"] = p.run_at_once_if_cheaper.load();
     return d;
   });
   m.def("counters", []() {

@@ -43,6 +43,7 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <bit>
 #include <cstring>
@@ -129,10 +130,14 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   // Where the host runs launches, replays cost more whether graphs hit or not: a few launches
   // tell the size of their ops, a full window would only record more.
   const bool host_replays = replay_costs_more_than_running();
-  if (seen_ < (host_replays ? kHostRunsWindow : kWindow)) return;
+  // Where a device thread runs them, what recording cost the host is weighed against what
+  // it moved to the device, hits or not.
+  HostCost spent;
+  const bool costs_more = !host_replays && recording_cost_more_locked(hit, spent);
+  if (seen_ < (host_replays ? kHostRunsWindow : kWindow) && !costs_more) return;
   const int hits = std::popcount(window_);
   static_assert(kMaxHitsUnrepeated <= kMaxHitsOfSmallOps, "both rules below need the window's sums");
-  if (hits > kMaxHitsOfSmallOps && !host_replays) return;  // no rule below can fire
+  if (hits > kMaxHitsOfSmallOps && !host_replays && !costs_more) return;  // no rule below can fire
   std::array<int64_t, 2> window_ops{}, window_bytes{};  // of the window's launches: [miss, hit]
   for (int ago = 0; ago < seen_; ++ago) {
     const int was_hit = static_cast<int>((window_ >> ago) & 1u);
@@ -147,6 +152,7 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
     if (all_ops > 0) set_unrepeated_locked(true, Unrepeated::HostRunsLaunches, bytes_per_op);
     return;  // the rules below judge a full window
   }
+  if (costs_more) return set_unrepeated_locked(true, Unrepeated::RecordingCostsMore, bytes_per_op, &spent);
   if (hits > kMaxHitsOfSmallOps) return;
   // Nearly all misses: a few hits (a second generate() call meets the lengths its first
   // call recorded) must not keep every other length recording.
@@ -157,6 +163,48 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   // (the rule above sees it once the misses fill the window).
   const bool small = window_bytes[0] < kSmallOpBytes * window_ops[0] && window_bytes[1] < kSmallOpBytes * window_ops[1];
   if (small && all_ops > 0) set_unrepeated_locked(true, Unrepeated::SmallOpsHalfHits, bytes_per_op);
+}
+
+RepeatTracker::HostCost RepeatTracker::HostCost::now() {
+  const trace::Totals totals = trace::totals();
+  HostCost cost;
+  cost.record_ns = totals.record_ns;
+  cost.wait_ns = totals.wait_ns;
+  for (const int64_t busy : totals.device_busy_ns) cost.busy_ns += busy;
+  return cost;
+}
+
+RepeatTracker::HostCost RepeatTracker::HostCost::since(const HostCost& start) const {
+  HostCost spent;
+  spent.record_ns = record_ns - start.record_ns;
+  spent.wait_ns = wait_ns - start.wait_ns;
+  spent.busy_ns = busy_ns - start.busy_ns;
+  return spent;
+}
+
+bool RepeatTracker::weighs_cost() const {
+  const auto& p = policy();
+  return p.run_at_once_if_cheaper.load(std::memory_order_relaxed) && !p.compile.load(std::memory_order_relaxed) &&
+         !host_runs_launches(at::get_num_threads());
+}
+
+bool RepeatTracker::recording_cost_more_locked(bool hit, HostCost& spent) {
+  // A graph built costs its building once; what recording costs each time is weighed on
+  // cached graphs only (a loop's first steps build theirs: UNet's first took 118 ms).
+  if (!weighs_cost() || !hit) {
+    cost_launches_ = 0;  // the next window starts at the next hit on the device thread
+    return false;
+  }
+  // The window opens at its first launch; the next kCostWindow launches are weighed. (The
+  // last one's kernels may still run: its recording counts, its busy time may not.)
+  if (cost_launches_++ == 0) {
+    cost_start_ = HostCost::now();
+    return false;
+  }
+  if (cost_launches_ <= kCostWindow) return false;
+  spent = HostCost::now().since(cost_start_);
+  cost_launches_ = 0;
+  return spent.recording_costs_more();
 }
 
 bool RepeatTracker::note_recorded_miss_locked(uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
@@ -178,10 +226,22 @@ void RepeatTracker::note_host_wait(Reason reason) {
     if (probe_launched_ && ++repeating_probes_ >= kRepeatingProbes) {
       end_probe_locked();
       // The program repeats; recording resumes unless its graphs would cost more replayed
-      // than run (then the next probe waits longer: a device thread may come).
-      if (recording_would_pay_locked()) set_unrepeated_locked(false);
+      // than run (then the next probe waits longer: a device thread may come), or, where a
+      // device thread runs them, the probe's last stretch cost the host more than it kept the
+      // device busy (then the next probe waits longer too).
+      if (!recording_would_pay_locked()) return;
+      if (weighs_cost() && HostCost::now().since(probe_cost_start_).recording_costs_more()) {
+        repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
+        probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
+        return;
+      }
+      set_unrepeated_locked(false);
     } else {
-      probe_launched_ = false;  // the probe goes on with the next stretch
+      // The probe goes on with the next stretch. Its cost is weighed from here, at a wait:
+      // from one wait to the next the host records a stretch and waits for the one before,
+      // and the device computes about one stretch, as in every step recording would take.
+      if (probe_launched_) probe_cost_start_ = HostCost::now();
+      probe_launched_ = false;
     }
     return;
   }
@@ -230,7 +290,8 @@ void RepeatTracker::end_probe_locked() {
   repeating_probes_ = 0;
 }
 
-void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64_t small_op_bytes) {
+void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64_t small_op_bytes,
+                                          const HostCost* spent) {
   unrepeated_ = unrepeated;
   small_ops_ = unrepeated && small_op_bytes < kSmallOpBytes;
   probe_every_ = kProbeEvery;
@@ -243,6 +304,7 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
   recent_stretches_.fill(0);
   repeated_stretches_ = 0;
   repeats_to_probe_ = kRepeatsToProbe;
+  cost_launches_ = 0;
   trace::Event e;
   e.time_ns = trace::now_ns();
   e.kind = trace::EventKind::Policy;
@@ -265,6 +327,15 @@ void RepeatTracker::set_unrepeated_locked(bool unrepeated, Unrepeated why, int64
                  " graphs), so a replay runs the same kernels later on the same thread";
       costs = ": replaying graphs costs more than running their ops, so";
       break;
+    case Unrepeated::RecordingCostsMore: {
+      const auto ms = [](int64_t ns) { return c10::str(std::round(ns / 1e4) / 100); };
+      repeated = "recording the last " + std::to_string(kCostWindow) + " graphs cost the host " +
+                 ms(spent->record_ns + spent->wait_ns) + " ms (" + ms(spent->record_ns) + " recording, " +
+                 ms(spent->wait_ns) + " waiting for the device) while their kernels kept the device thread busy " +
+                 ms(spent->busy_ns) + " ms";
+      costs = ": the host would spend less running them itself, so";
+      break;
+    }
     case Unrepeated::Regrown:
       repeated = std::to_string(kRegrownMisses) + " graphs of small ops (" + std::to_string(small_op_bytes) +
                  " bytes written per op) ran the operators of an earlier graph with new shapes (a step whose shapes "
@@ -297,6 +368,7 @@ void RepeatTracker::reset() {
   probe_from_repeats_ = false;
   probe_launched_ = false;
   unrepeated_ = probing_ = small_ops_ = false;
+  cost_launches_ = 0;
 }
 
 RepeatTracker& repeats() {
