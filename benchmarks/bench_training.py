@@ -4,10 +4,13 @@ steps and generation, at an equal thread budget: issue 47's speed targets.
 
 Method:
 
-* **Equal thread budget.** Two rows per workload: torch's default intra-op threads on both
+* **Equal thread budget.** Three rows per workload: torch's default intra-op threads on both
   devices (what a notebook gets), and one thread on both (``torch.set_num_threads(1)`` before
   anything runs; the neuron device's kernels, on its device thread or on the host thread, use
-  the thread count of the code that launched them).
+  the thread count of the code that launched them), pinned to one core; and ``1:unpinned``, one
+  thread with every core left usable: fewer kernel threads than cores, as torch's default gives
+  on a machine with SMT and ``torchrun`` gives each process, where the neuron device runs its
+  launches on a device thread (``neuron_lab/device/launches.py``).
 * **One device per process.** Each configuration (cpu, neuron, cpu_compile) of a workload runs in
   a fresh worker process of its own, so its peak RSS (``ru_maxrss``) is that device's alone. The
   workers build the workload and warm up, then the parent runs them in alternating rounds: in
@@ -83,13 +86,20 @@ def _device_counters() -> dict[str, float]:
             "device_thread_wakeups": d.get("device_thread_wakeups", 0)}
 
 
+def thread_count(threads: str) -> int | None:
+    """A row's ``torch.set_num_threads`` (None: torch's default): ``N`` or ``N:unpinned``."""
+    return None if threads == "default" else int(threads.partition(":")[0])
+
+
 def pin_to_cores(threads: str) -> None:
     """A row of N threads gets N cores (the first N this process may use) for all the process's
     threads: the neuron device's host thread records while its device thread runs kernels, so
-    ``torch.set_num_threads`` alone would let it use N cores more than the CPU does."""
-    if threads == "default" or not hasattr(os, "sched_setaffinity"):
+    ``torch.set_num_threads`` alone would let it use N cores more than the CPU does. An
+    ``N:unpinned`` row keeps every core."""
+    count = thread_count(threads)
+    if count is None or threads.endswith(":unpinned") or not hasattr(os, "sched_setaffinity"):
         return
-    cores = sorted(os.sched_getaffinity(0))[:int(threads)]
+    cores = sorted(os.sched_getaffinity(0))[:count]
     for tid in os.listdir("/proc/self/task"):  # the threads already started (importing torch starts one)
         os.sched_setaffinity(int(tid), cores)
 
@@ -117,8 +127,8 @@ def worker(workload: str, config: str, threads: str, first: int, warmup: int, pi
         pin_to_cores(threads)  # threads started later inherit it
     import torch
 
-    if threads != "default":
-        torch.set_num_threads(int(threads))
+    if thread_count(threads) is not None:
+        torch.set_num_threads(thread_count(threads))
     device = "cpu"
     if config.split(":")[0] == "neuron":
         import neuron_lab  # noqa: F401
@@ -287,7 +297,8 @@ def report(results: list[dict], configs: list[str]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
-    parser.add_argument("--threads", nargs="*", default=["default", "1"])
+    parser.add_argument("--threads", nargs="*", default=["default", "1", "1:unpinned"],
+                        help="rows: default, N (pinned to N cores) or N:unpinned")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--inner", type=int, default=3, help="timed steps per worker and round")
     parser.add_argument("--warmup", type=int, default=3)
