@@ -284,6 +284,7 @@ void launch(std::vector<Record>&& records, StreamState& stream, bool use_cache, 
   work.run = [l] { l->execute(); };
   work.on_skip = [l] { l->skipped(); };
   work.ops = static_cast<int64_t>(l->records.size());
+  work.result_bytes = allocated_bytes;
   work.kind = use_cache ? trace::LaunchKind::Graph : trace::LaunchKind::Op;
   const uint64_t seq = enqueue(stream, std::move(work));
   std::vector<const c10::StorageImpl*> used;

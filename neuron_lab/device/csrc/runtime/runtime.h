@@ -90,6 +90,7 @@ struct Work {
   std::function<void()> on_skip;  // called instead of run when the work is skipped
   bool skippable = true;  // false for event markers and cross-stream waits
   int64_t ops = 1;        // ops it runs: a stream holds a bounded number queued
+  int64_t result_bytes = 0;  // device memory its results took when it was made: bounded queued too
   bool busy = true;       // counts as device busy time (false for markers and waits)
   trace::LaunchKind kind = trace::LaunchKind::Graph;  // graph or single op (for the metrics report)
   trace::LaunchRecordPtr record;  // set while a profiler runs (neuron_lab's, or torch.profiler's device lanes)
