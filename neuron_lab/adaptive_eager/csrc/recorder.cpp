@@ -43,9 +43,9 @@
 #include <Python.h>
 
 #include <algorithm>
-#include <cmath>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <unordered_map>
@@ -130,8 +130,8 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   // Where the host runs launches, replays cost more whether graphs hit or not: a few launches
   // tell the size of their ops, a full window would only record more.
   const bool host_replays = replay_costs_more_than_running();
-  // Where a device thread runs them, what recording cost the host is weighed against what
-  // it moved to the device, hits or not.
+  // Where a device thread runs them, what recording cached graphs cost the host is weighed
+  // against what it moved to the device.
   HostCost spent;
   const bool costs_more = !host_replays && recording_cost_more_locked(hit, spent);
   if (seen_ < (host_replays ? kHostRunsWindow : kWindow) && !costs_more) return;
