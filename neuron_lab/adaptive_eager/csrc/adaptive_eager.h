@@ -121,9 +121,8 @@ Policy& policy();
 // kCostWindow launches of cached graphs in a row (HostCost: a graph's building is paid once,
 // not each step); where the host spent more, ops run at once, and a probe that
 // launched only cached graphs resumes recording only if it measured the other way (else
-// the waits to the next probe double). Measured with torch.set_num_threads(1) on two cores:
-// tiny transformers steps recorded 1.25-1.45x CPU eager (run at once 1.04-1.16x), a tiny
-// Llama's generate() 1.9x; UNet and 128-wide or wider steps ran 0.84-0.95x recorded.
+// the waits to the next probe double). (The figures behind it: commit 8fb2638 and
+// benchmarks/README.md's 1:unpinned rows.)
 class RepeatTracker {
  public:
   static constexpr int kRegrownMisses = 3;
@@ -192,9 +191,7 @@ class RepeatTracker {
     static HostCost now();
     HostCost since(const HostCost& start) const;
     // By a fifth at least: running at once costs the host its kernels and its own per-op path
-    // too (host aliases, result copies), which busy time does not show (UNet's steps ran 0.8x
-    // as long recorded as at once with the host's share 1-4% above busy time; tiny GPT-2's
-    // 1.2x as long with it 35-45% above).
+    // too (host aliases, result copies), which busy time does not show.
     bool recording_costs_more() const { return (record_ns + wait_ns) * 5 > busy_ns * 6; }
   };
   // Whether the launches since the cost window began (kCostWindow cache hits in a row, each
