@@ -20,7 +20,9 @@ def counters() -> dict:
     code dropped because the graph's floating-point scalars changed), inline_ops (ops run
     on the calling thread: host reads, data-dependent shapes, ...; by op in
     ``inline_by_op``), dead_intermediate_bytes (results that never took device
-    memory), live_result_bytes, graphs_evicted (least recently used graphs dropped from
+    memory), scratch_cached_bytes (host memory kept for replayed graphs' dead intermediates,
+    outside the memory statistics; ``torch.neuron.empty_cache()`` frees it),
+    live_result_bytes, graphs_evicted (least recently used graphs dropped from
     the bounded cache), graph_joins (a cached graph's buffer held on to take in the graph
     that always follows it), flushes (by reason) and syncs (host waits, by reason).
     """

@@ -563,6 +563,29 @@ def test_dead_intermediates_take_no_device_memory(no_stray_frees) -> None:
     torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin() + 1)
 
 
+@pytest.mark.usefixtures("graphs_recorded_on_host")
+def test_replayed_graphs_scratch_is_shown_and_freed_by_empty_cache() -> None:
+    # A replayed graph's dead intermediates take host scratch, not device memory: the pool
+    # that keeps it warm for the next launch is shown in the counters, and empty_cache()
+    # gives it back as it gives back the device's cached blocks.
+    torch.neuron.empty_cache()
+    assert ae.counters()["scratch_cached_bytes"] == 0
+    x = torch.randn(1 << 18, device="neuron")  # 1 MiB
+    for _ in range(6):  # recorded, then replayed from the cache
+        y = (x * 2).sin() + 1
+        torch.neuron.synchronize()
+    assert ae.counters()["replay_launches"] > 0
+    kept = ae.counters()["scratch_cached_bytes"]
+    assert kept >= 2 << 20, kept  # x * 2 and its sin(), each 1 MiB, back in the pool
+    torch.neuron.empty_cache()
+    assert ae.counters()["scratch_cached_bytes"] == 0
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 2).sin() + 1, rtol=0, atol=0)
+    for _ in range(2):  # the pool fills again, and the graph still gives the CPU's bits
+        y = (x * 2).sin() + 1
+        torch.neuron.synchronize()
+    assert torch.equal(y.cpu(), (x.cpu() * 2).sin() + 1)
+
+
 def test_eager_mode_gives_every_result_memory(no_stray_frees) -> None:
     x = torch.randn(1024, device="neuron")
     torch.neuron.synchronize()

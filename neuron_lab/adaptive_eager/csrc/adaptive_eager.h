@@ -431,7 +431,9 @@ struct ScratchUse {
 // Gives the (pending) storages host scratch memory, those whose uses do not overlap
 // sharing one buffer, buffers taken from a pool kept warm across launches.
 void give_scratch(const std::vector<ScratchUse>& uses);
+// Bytes the pool keeps for later launches; release_cached_scratch() frees them (empty_cache()).
 size_t scratch_cached_bytes();
+void release_cached_scratch();
 
 // ---- tiled.cpp ---------------------------------------------------------------------------
 // Tiled replay: a run of elementwise ops over tensors of one size replays tile by tile,

@@ -78,6 +78,7 @@ void register_bindings(py::module& m) {
     }
     d["graphs_unrepeated"] = repeats().unrepeated();
     d["unrepeated_ops_small"] = repeats().ops_are_small();  // false while ops are recorded
+    d["scratch_cached_bytes"] = scratch_cached_bytes();
     std::lock_guard<std::mutex> lock(c.mutex);
     std::map<std::string, uint64_t> flushes;
     for (int r = 0; r < kReasons; ++r) {

@@ -1213,6 +1213,7 @@ class Recorder final : public OpInterceptor {
   void flush_stream(c10::Stream stream, Reason reason) override { flush_stream_buffer(stream, reason); }
   void flush_device(c10::DeviceIndex device, Reason reason) override { flush_device_buffers(device, reason); }
   void note_sync(Reason reason, std::string_view what) override { lazy::note_sync(reason, what); }
+  void release_cached_memory() override { release_cached_scratch(); }
 };
 
 }  // namespace

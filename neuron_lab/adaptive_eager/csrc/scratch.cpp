@@ -11,7 +11,8 @@
 //   - buffers come from a pool kept across launches, so their pages stay mapped
 //     and warm; a buffer returns to it when the last storage using it dies.
 // The pool keeps at most kMaxCachedBytes; scratch is not device memory and the
-// memory statistics do not count it.
+// memory statistics do not count it: counters()["scratch_cached_bytes"] shows what the
+// pool keeps, and empty_cache() gives it back.
 #include "adaptive_eager.h"
 
 #include <c10/core/impl/alloc_cpu.h>
@@ -68,6 +69,19 @@ class ScratchPool {
   size_t cached_bytes() {
     std::lock_guard<std::mutex> lock(mutex_);
     return cached_bytes_;
+  }
+
+  void release_cached() {
+    std::multimap<size_t, Block*> free;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      free.swap(free_);
+      cached_bytes_ = 0;
+    }
+    for (auto& [size, b] : free) {
+      c10::free_cpu(b->ptr);
+      delete b;
+    }
   }
 
  private:
@@ -128,5 +142,6 @@ void give_scratch(const std::vector<ScratchUse>& uses) {
 }
 
 size_t scratch_cached_bytes() { return pool().cached_bytes(); }
+void release_cached_scratch() { pool().release_cached(); }
 
 }  // namespace neuron::lazy

@@ -20,6 +20,7 @@
 // torch.OutOfMemoryError is raised. Statistics follow CUDA's caching allocator
 // field for field, so torch.accelerator.memory.* and torch.neuron.memory_stats()
 // read them unchanged.
+#include "interceptor.h"
 #include "runtime.h"
 #include "segment_memory.h"
 
@@ -289,6 +290,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
   bool initialized() override { return true; }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    interceptor().release_cached_memory();
     for (c10::DeviceIndex d = 0; d < device_count(); ++d) {
       auto& core = cores_[d];
       std::lock_guard<std::mutex> lock(core.mutex);

@@ -70,6 +70,9 @@ class OpInterceptor {
   virtual void flush_device(c10::DeviceIndex device, Reason reason) {}
   // The host is about to wait for a stream or a device (for the runtime's counters).
   virtual void note_sync(Reason reason, std::string_view what) {}
+  // empty_cache(): host memory the runtime keeps for later launches, and that nothing
+  // uses now, goes back to the host as the device's cached blocks do.
+  virtual void release_cached_memory() {}
 };
 
 // The registered runtime's interceptor, or the device's own (run everything at once).
