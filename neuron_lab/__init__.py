@@ -22,12 +22,12 @@ _distributed.register_backend()  # init_process_group("neuron")
 _integrations.install_at_import()
 _on_first_use(_integrations.install_on_first_use)
 
-from neuron_lab.adaptive_eager import configure, get_mode, mode, set_mode  # noqa: E402
+from neuron_lab.adaptive_eager import configure, configured, get_mode, mode, set_mode  # noqa: E402
 from neuron_lab import metrics, profiler  # noqa: E402
 from neuron_lab.observability import explain, explain_scope  # noqa: E402
 from neuron_lab import kernels  # noqa: E402
 
-__all__ = ["__version__", "set_mode", "get_mode", "mode", "configure", "profiler", "metrics", "explain",
+__all__ = ["__version__", "set_mode", "get_mode", "mode", "configure", "configured", "profiler", "metrics", "explain",
            "explain_scope", "kernels", "compare",
            "load_ipython_extension", "unload_ipython_extension", "Dashboard"]
 __version__ = "0.1.0"

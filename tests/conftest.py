@@ -137,14 +137,9 @@ def launches_on_device_thread():
     from neuron_lab.device.launches import launches_run_on
 
     torch.neuron.synchronize()
-    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
-    neuron_lab.configure(run_at_once_if_cheaper=False)
-    try:
-        with launches_run_on("device_thread"):
-            yield
+    with neuron_lab.configured(run_at_once_if_cheaper=False), launches_run_on("device_thread"):
+        yield
         torch.neuron.synchronize()
-    finally:
-        neuron_lab.configure(run_at_once_if_cheaper=previous)
 
 
 @pytest.fixture
@@ -155,13 +150,8 @@ def graphs_recorded_on_host():
     launches (RepeatTracker::kHostRunsWindow) on a machine whose kernels take every CPU; on a
     device thread, run_at_once_if_cheaper would where recording costs the host more than it
     moves to the device (the small ops of most tests)."""
-    from neuron_lab import adaptive_eager
-
-    keys = ("run_at_once_on_host", "run_at_once_if_cheaper")
-    previous = {k: adaptive_eager.policy()[k] for k in keys}
-    neuron_lab.configure(**dict.fromkeys(keys, False))
-    yield
-    neuron_lab.configure(**previous)
+    with neuron_lab.configured(run_at_once_on_host=False, run_at_once_if_cheaper=False):
+        yield
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ Public API (also at the top level of ``neuron_lab``): ``set_mode``,
 from __future__ import annotations
 
 from neuron_lab.adaptive_eager.compiler import pending_compiles, set_recording_torch_compile_graph, wait_for_compiles
-from neuron_lab.adaptive_eager.modes import MODES, configure, get_mode, mode, policy, set_mode
+from neuron_lab.adaptive_eager.modes import MODES, configure, configured, get_mode, mode, policy, set_mode
 from neuron_lab.adaptive_eager.stats import (
     clear_graph_cache,
     counters,
@@ -29,6 +29,7 @@ __all__ = [
     "get_mode",
     "mode",
     "configure",
+    "configured",
     "policy",
     "counters",
     "reset_counters",

@@ -23,7 +23,7 @@ from typing import Iterator, Optional
 
 from neuron_lab.adaptive_eager._native import native as _native
 
-__all__ = ["MODES", "set_mode", "get_mode", "mode", "configure", "policy"]
+__all__ = ["MODES", "set_mode", "get_mode", "mode", "configure", "configured", "policy"]
 
 MODES = ("blocking", "eager", "adaptive")
 
@@ -168,6 +168,26 @@ def configure(
 def policy() -> dict:
     """The current knobs (see ``configure``)."""
     return dict(_native.policy())
+
+
+@contextlib.contextmanager
+def configured(**knobs: object) -> Iterator[dict]:
+    """Runs a block with some of ``configure``'s knobs set, and restores their previous
+    values however the block ends; yields the policy in force inside.
+
+    >>> with neuron_lab.configured(run_at_once_if_cheaper=False):  # graphs stay recorded
+    ...     train(steps=10)
+    """
+    current = policy()
+    unknown = sorted(set(knobs) - set(current))
+    if unknown:
+        raise TypeError(f"configured() got unknown knobs {unknown}; configure() takes {sorted(current)}")
+    previous = {name: current[name] for name in knobs}
+    inside = configure(**knobs)  # type: ignore[arg-type]  # names checked above
+    try:
+        yield inside
+    finally:
+        configure(**previous)  # type: ignore[arg-type]
 
 
 def _int_env(name: str) -> Optional[int]:

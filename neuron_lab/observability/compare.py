@@ -206,16 +206,12 @@ def _sides(against: str, dtype: torch.dtype) -> tuple[_Side, _Side, list[str]]:
     if against == "replay":
         @contextlib.contextmanager
         def tier(compiled: bool) -> Iterator[None]:
-            previous_mode, previous = neuron_lab.get_mode(), neuron_lab.configure()
-            neuron_lab.set_mode("adaptive")
-            neuron_lab.configure(compile=compiled, compile_after=1, run_unrepeated_at_once=False,
-                                 run_at_once_on_host=False)
-            try:
-                yield
-            finally:
-                torch.neuron.synchronize()
-                neuron_lab.configure(**previous)
-                neuron_lab.set_mode(previous_mode)
+            with neuron_lab.mode("adaptive"), neuron_lab.configured(
+                    compile=compiled, compile_after=1, run_unrepeated_at_once=False, run_at_once_on_host=False):
+                try:
+                    yield
+                finally:
+                    torch.neuron.synchronize()
 
         return (_Side("compiled tier", context=lambda: tier(True), warm_up=True),
                 _Side("replay tier", context=lambda: tier(False)),

@@ -80,6 +80,27 @@ def test_configure_returns_the_policy_and_checks_values() -> None:
     assert ae.policy() == policy  # a rejected configuration changes nothing
 
 
+def test_configured_sets_knobs_for_a_block_and_restores_them() -> None:
+    before = ae.policy()
+    with neuron_lab.configured(max_ops=17, run_at_once_if_cheaper=not before["run_at_once_if_cheaper"]) as inside:
+        assert inside == ae.policy()
+        assert inside["max_ops"] == 17 and inside["run_at_once_if_cheaper"] != before["run_at_once_if_cheaper"]
+        assert {k: v for k, v in inside.items() if k not in ("max_ops", "run_at_once_if_cheaper")} == \
+            {k: v for k, v in before.items() if k not in ("max_ops", "run_at_once_if_cheaper")}
+    assert ae.policy() == before
+    with pytest.raises(KeyError, match="inside"):
+        with neuron_lab.configured(compile_after=3):
+            raise KeyError("inside")
+    assert ae.policy() == before  # restored on an exception too
+    with pytest.raises(TypeError, match=r"unknown knobs \['max_opps'\].*'max_ops'"):
+        with neuron_lab.configured(max_opps=3):
+            pass
+    with pytest.raises(ValueError, match="max_ops must be at least 1"):
+        with neuron_lab.configured(max_ops=0):
+            pass
+    assert ae.policy() == before  # a rejected knob changes nothing
+
+
 def test_mode_from_the_environment() -> None:
     result = run_python(
         """
@@ -1555,35 +1576,29 @@ def test_ops_run_at_once_where_the_host_runs_launches(runner: str, rows: int, kn
     start = neuron_lab.observability.records.now_ns()
     w = torch.randn(256, 256, device="neuron")
     x = torch.randn(rows, 256, device="neuron")
-    previous = neuron_lab.configure()
-    neuron_lab.configure(run_at_once_on_host=knob, run_at_once_if_cheaper=False, compile=compiled,
-                         compile_after=10_000)
-    try:
-        with launches_run_on(runner):
-            for _ in range(40):
+    with neuron_lab.configured(run_at_once_on_host=knob, run_at_once_if_cheaper=False, compile=compiled,
+                               compile_after=10_000), launches_run_on(runner):
+        for _ in range(40):
+            _small_step(x, w)
+        torch.neuron.synchronize()
+        c = ae.counters()
+        assert c["graphs_unrepeated"] == at_once, c
+        assert (c["ops_run_at_once"] > 0) == at_once, c
+        assert c["cache_hits"] > 0  # before the switch, every step hit its graph
+        events = _policy_events(start)
+        if at_once:
+            assert [e.what for e in events] == ["ops run at once"], events
+            assert "the host runs launches" in events[0].detail, events[0].detail
+            assert re.search(r"\d+ bytes written per op", events[0].detail), events[0].detail
+            before, launches = c["ops_run_at_once"], c["graph_launches"]
+            for _ in range(40):  # the loop goes on repeating: it stays at once
                 _small_step(x, w)
-            torch.neuron.synchronize()
-            c = ae.counters()
-            assert c["graphs_unrepeated"] == at_once, c
-            assert (c["ops_run_at_once"] > 0) == at_once, c
-            assert c["cache_hits"] > 0  # before the switch, every step hit its graph
-            events = _policy_events(start)
-            if at_once:
-                assert [e.what for e in events] == ["ops run at once"], events
-                assert "the host runs launches" in events[0].detail, events[0].detail
-                assert re.search(r"\d+ bytes written per op", events[0].detail), events[0].detail
-                before, launches = c["ops_run_at_once"], c["graph_launches"]
-                for _ in range(40):  # the loop goes on repeating: it stays at once
-                    _small_step(x, w)
-                assert ae.counters()["ops_run_at_once"] - before == 40 * 4
-                # and no probe records a step: here it could not resume recording
-                assert ae.counters()["graph_launches"] == launches
-                assert [e.what for e in _policy_events(start)] == ["ops run at once"]
-            else:
-                assert not events, events
-    finally:
-        neuron_lab.configure(**{k: previous[k] for k in ("run_at_once_on_host", "run_at_once_if_cheaper", "compile",
-                                                          "compile_after")})
+            assert ae.counters()["ops_run_at_once"] - before == 40 * 4
+            # and no probe records a step: here it could not resume recording
+            assert ae.counters()["graph_launches"] == launches
+            assert [e.what for e in _policy_events(start)] == ["ops run at once"]
+        else:
+            assert not events, events
 
 
 def _chain(y: torch.Tensor, w: torch.Tensor, steps: int) -> torch.Tensor:
@@ -1604,21 +1619,16 @@ def test_a_loop_that_never_waits_runs_at_once_from_the_op_after_the_switch() -> 
     ae.reset_counters()
     w = torch.randn(32, 32) / 4
     x = torch.randn(4, 32)
-    previous = ae.policy()["max_ops"]
-    neuron_lab.configure(max_ops=16)  # a graph every four steps
-    try:
-        with launches_run_on("host"):
-            wn, xn = w.to("neuron"), x.to("neuron")
-            y = _chain(xn, wn, 40)  # 160 ops: up to ten graphs of 16 ops
-            c = ae.counters()
-            assert c["graphs_unrepeated"], c
-            assert 8 <= c["graph_launches"] <= 9, c
-            y = _chain(y, wn, 40)
-            after = ae.counters()
-            assert after["graph_launches"] == c["graph_launches"], after
-            assert after["ops_run_at_once"] - c["ops_run_at_once"] >= 4 * 40, after
-    finally:
-        neuron_lab.configure(max_ops=previous)
+    with neuron_lab.configured(max_ops=16), launches_run_on("host"):  # a graph every four steps
+        wn, xn = w.to("neuron"), x.to("neuron")
+        y = _chain(xn, wn, 40)  # 160 ops: up to ten graphs of 16 ops
+        c = ae.counters()
+        assert c["graphs_unrepeated"], c
+        assert 8 <= c["graph_launches"] <= 9, c
+        y = _chain(y, wn, 40)
+        after = ae.counters()
+        assert after["graph_launches"] == c["graph_launches"], after
+        assert after["ops_run_at_once"] - c["ops_run_at_once"] >= 4 * 40, after
     assert torch.equal(y.cpu(), _chain(x, w, 80))
 
 
@@ -1632,10 +1642,7 @@ def test_a_probe_that_finds_graphs_repeating_resumes_recording_only_on_the_devic
     ae.clear_graph_cache()
     ae.reset_counters()
     start = neuron_lab.observability.records.now_ns()
-    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
-    neuron_lab.configure(run_at_once_if_cheaper=False)
-    with launches_run_on(runner), contextlib.ExitStack() as restore:
-        restore.callback(neuron_lab.configure, run_at_once_if_cheaper=previous)
+    with neuron_lab.configured(run_at_once_if_cheaper=False), launches_run_on(runner):
         w = torch.randn(8, 8, device="neuron")
         for n in range(1, 61):  # growing shapes: ops run at once
             _step_of_length(n, w)
@@ -1670,34 +1677,29 @@ def test_on_the_device_thread_ops_run_at_once_where_recording_costs_the_host_mor
     start = neuron_lab.observability.records.now_ns()
     w = torch.randn(64, 64, device="neuron")
     x = torch.randn(4, 64, device="neuron")
-    previous = neuron_lab.configure()["run_at_once_if_cheaper"]
-    neuron_lab.configure(run_at_once_if_cheaper=knob)
-    try:
-        with launches_run_on("device_thread"):
-            for _ in range(40):
-                _small_step(x, w)  # each step's read: its launch, run by the waiting host
-            c = ae.counters()
-            assert c["cache_hits"] > 0  # before any switch, every step hit its graph
-            assert c["graphs_unrepeated"] == knob, c
-            assert (c["ops_run_at_once"] > 0) == knob, c
-            events = _policy_events(start)
-            if not knob:
-                assert not events, events
-                return
-            assert [e.what for e in events] == ["ops run at once"], events
-            match = _COST_SWITCH.search(events[0].detail)
-            assert match, events[0].detail
-            host, recording, waiting, busy = (float(v) for v in match.groups())
-            assert host > busy and abs(host - recording - waiting) < 0.02, events[0].detail
-            launches = c["graph_launches"]
-            for _ in range(80):  # the loop repeats: probes record a stretch and weigh it again
-                _small_step(x, w)
-            after = ae.counters()
-            assert after["graphs_unrepeated"], after
-            assert 1 <= after["graph_launches"] - launches <= 16, after  # a few probes' stretches
-            assert "ops recorded again" not in [e.what for e in _policy_events(start)]
-    finally:
-        neuron_lab.configure(run_at_once_if_cheaper=previous)
+    with neuron_lab.configured(run_at_once_if_cheaper=knob), launches_run_on("device_thread"):
+        for _ in range(40):
+            _small_step(x, w)  # each step's read: its launch, run by the waiting host
+        c = ae.counters()
+        assert c["cache_hits"] > 0  # before any switch, every step hit its graph
+        assert c["graphs_unrepeated"] == knob, c
+        assert (c["ops_run_at_once"] > 0) == knob, c
+        events = _policy_events(start)
+        if not knob:
+            assert not events, events
+            return
+        assert [e.what for e in events] == ["ops run at once"], events
+        match = _COST_SWITCH.search(events[0].detail)
+        assert match, events[0].detail
+        host, recording, waiting, busy = (float(v) for v in match.groups())
+        assert host > busy and abs(host - recording - waiting) < 0.02, events[0].detail
+        launches = c["graph_launches"]
+        for _ in range(80):  # the loop repeats: probes record a stretch and weigh it again
+            _small_step(x, w)
+        after = ae.counters()
+        assert after["graphs_unrepeated"], after
+        assert 1 <= after["graph_launches"] - launches <= 16, after  # a few probes' stretches
+        assert "ops recorded again" not in [e.what for e in _policy_events(start)]
 
 
 def test_on_the_device_thread_recording_stays_where_the_device_computes_while_the_host_works() -> None:
