@@ -194,14 +194,21 @@ class RepeatTracker {
     // too (host aliases, result copies), which busy time does not show.
     bool recording_costs_more() const { return (record_ns + wait_ns) * 5 > busy_ns * 6; }
   };
+  // How recording is judged now, from who runs launches (host_runs_launches) and the
+  // policy's knobs: asked once per launch noted, and at a probe's decisions.
+  enum class Judged : uint8_t {
+    AsRepeats,             // by whether graphs repeat only
+    HostReplaysCostMore,   // the host runs launches: a replay costs more than running at once
+    CostWeighed,           // a device thread runs them: the host's cost is weighed
+  };
+  static Judged judged();
   // Whether the launches since the cost window began (kCostWindow cache hits in a row, each
   // noted here) cost the host more than they kept the device busy; `spent` gets the figures.
-  bool recording_cost_more_locked(bool hit, HostCost& spent);
+  bool recording_cost_more_locked(Judged judged, bool hit, HostCost& spent);
   static constexpr int kCostWindow = 16;
   int cost_launches_ = 0;  // launches noted since cost_start_
   HostCost probe_cost_start_;  // at the end of the probe's first stretch that launched only hits
   HostCost cost_start_;
-  bool weighs_cost() const;  // a device thread runs launches and the policy weighs recording
   // Why ops start running at once (the event log's words).
   enum class Unrepeated { FewHits, SmallOpsHalfHits, Regrown, HostRunsLaunches, RecordingCostsMore };
   // small_op_bytes: the bytes written per op by the launches that made it switch.

@@ -93,15 +93,20 @@ void fold_sizes(uint64_t& hash, const at::Tensor& t) {
   for (const int64_t size : t.sizes()) fold(hash, static_cast<uint64_t>(size));
 }
 
-// Where the host runs launches a replay is the recorded kernels run later on the recording
-// thread: it costs more than running them at once (RepeatTracker). A compiled graph is other
-// kernels, so with the compiled tier on, recording may pay.
-bool replay_costs_more_than_running() {
-  const auto& p = policy();
-  return p.run_at_once_on_host.load(std::memory_order_relaxed) && !p.compile.load(std::memory_order_relaxed) &&
-         host_runs_launches(at::get_num_threads());
-}
 }  // namespace
+
+// Where the host runs launches a replay is the recorded kernels run later on the recording
+// thread: it costs more than running them at once. Where a device thread runs them, what
+// recording costs the host is weighed. A compiled graph is other kernels, so with the
+// compiled tier on, only repeats count.
+RepeatTracker::Judged RepeatTracker::judged() {
+  const auto& p = policy();
+  if (p.compile.load(std::memory_order_relaxed)) return Judged::AsRepeats;
+  if (host_runs_launches(at::get_num_threads())) {
+    return p.run_at_once_on_host.load(std::memory_order_relaxed) ? Judged::HostReplaysCostMore : Judged::AsRepeats;
+  }
+  return p.run_at_once_if_cheaper.load(std::memory_order_relaxed) ? Judged::CostWeighed : Judged::AsRepeats;
+}
 
 
 void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, int64_t written_bytes) {
@@ -129,11 +134,12 @@ void RepeatTracker::note_graph_launch(bool hit, uint64_t ops_hash, int64_t ops, 
   }
   // Where the host runs launches, replays cost more whether graphs hit or not: a few launches
   // tell the size of their ops, a full window would only record more.
-  const bool host_replays = replay_costs_more_than_running();
+  const Judged judged_now = judged();
+  const bool host_replays = judged_now == Judged::HostReplaysCostMore;
   // Where a device thread runs them, what recording cached graphs cost the host is weighed
   // against what it moved to the device.
   HostCost spent;
-  const bool costs_more = !host_replays && recording_cost_more_locked(hit, spent);
+  const bool costs_more = recording_cost_more_locked(judged_now, hit, spent);
   if (seen_ < (host_replays ? kHostRunsWindow : kWindow) && !costs_more) return;
   const int hits = std::popcount(window_);
   static_assert(kMaxHitsUnrepeated <= kMaxHitsOfSmallOps, "both rules below need the window's sums");
@@ -182,16 +188,10 @@ RepeatTracker::HostCost RepeatTracker::HostCost::since(const HostCost& start) co
   return spent;
 }
 
-bool RepeatTracker::weighs_cost() const {
-  const auto& p = policy();
-  return p.run_at_once_if_cheaper.load(std::memory_order_relaxed) && !p.compile.load(std::memory_order_relaxed) &&
-         !host_runs_launches(at::get_num_threads());
-}
-
-bool RepeatTracker::recording_cost_more_locked(bool hit, HostCost& spent) {
+bool RepeatTracker::recording_cost_more_locked(Judged judged_now, bool hit, HostCost& spent) {
   // A graph built costs its building once; what recording costs each time is weighed on
   // cached graphs only (a loop's first steps build theirs: UNet's first took 118 ms).
-  if (!weighs_cost() || !hit) {
+  if (judged_now != Judged::CostWeighed || !hit) {
     cost_launches_ = 0;  // the next window starts at the next hit on the device thread
     return false;
   }
@@ -230,7 +230,7 @@ void RepeatTracker::note_host_wait(Reason reason) {
       // device thread runs them, the probe's last stretch cost the host more than it kept the
       // device busy (then the next probe waits longer too).
       if (!recording_would_pay_locked()) return;
-      if (weighs_cost() && HostCost::now().since(probe_cost_start_).recording_costs_more()) {
+      if (judged() == Judged::CostWeighed && HostCost::now().since(probe_cost_start_).recording_costs_more()) {
         repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
         probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
         return;
@@ -277,7 +277,7 @@ bool RepeatTracker::recording_would_pay_locked() {
   // record a stretch and replay it for nothing (a ResNet-18 step: its graphs recorded, and
   // 27 MiB more host heap for the replayed kernels' results). The repeats and waits asked of
   // the next probe double instead; a device thread or the compiled tier lets it probe.
-  if (!replay_costs_more_than_running()) return true;
+  if (judged() != Judged::HostReplaysCostMore) return true;
   repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
   probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
   return false;
