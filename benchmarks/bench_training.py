@@ -29,6 +29,7 @@ ops run inline).
     PYTHONPATH=. python benchmarks/bench_training.py            # full run (see README for its length)
     PYTHONPATH=. python benchmarks/bench_training.py --quick    # smoke test
     PYTHONPATH=. python benchmarks/bench_training.py --workloads gpt2_tiny --threads 1 --json out.json
+    PYTHONPATH=. python benchmarks/bench_training.py --workloads tiny_mixtral tiny_t5 --threads default
 """
 
 from __future__ import annotations
@@ -296,7 +297,8 @@ def report(results: list[dict], configs: list[str]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS)
+    parser.add_argument("--workloads", nargs="*", default=WORKLOADS, choices=WORKLOADS + training_workloads.UNNAMED,
+                        help="default: the targets' workloads; tiny_* are models they do not name")
     parser.add_argument("--threads", nargs="*", default=["default", "1", "1:unpinned"],
                         help="rows: default, N (pinned to N cores) or N:unpinned")
     parser.add_argument("--rounds", type=int, default=7)
