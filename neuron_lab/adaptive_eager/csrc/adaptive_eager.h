@@ -181,9 +181,17 @@ class RepeatTracker {
   int repeating_probes_ = 0;     // stretches of this probe that launched only cached graphs
   bool probe_launched_ = false;  // this stretch of the probe has launched (only hits so far)
   void end_probe_locked();
+  // How recording is judged now, from who runs launches (host_runs_launches) and the
+  // policy's knobs: asked once per launch noted, and at a probe's decisions.
+  enum class Judged : uint8_t {
+    AsRepeats,             // by whether graphs repeat only
+    HostReplaysCostMore,   // the host runs launches: a replay costs more than running at once
+    CostWeighed,           // a device thread runs them: the host's cost is weighed
+  };
+  static Judged judged();
   // Whether recording pays (replaying costs no more than running); where not, the repeats
   // and waits to the next probe double. Asked before a probe begins and after one hit.
-  bool recording_would_pay_locked();
+  bool recording_would_pay_locked(Judged judged_now);
   // What recording has cost the host, and what the device computed, since a moment
   // (trace's running totals): recording pays where busy_ns exceeds the host's share.
   struct HostCost {
@@ -194,14 +202,6 @@ class RepeatTracker {
     // too (host aliases, result copies), which busy time does not show.
     bool recording_costs_more() const { return (record_ns + wait_ns) * 5 > busy_ns * 6; }
   };
-  // How recording is judged now, from who runs launches (host_runs_launches) and the
-  // policy's knobs: asked once per launch noted, and at a probe's decisions.
-  enum class Judged : uint8_t {
-    AsRepeats,             // by whether graphs repeat only
-    HostReplaysCostMore,   // the host runs launches: a replay costs more than running at once
-    CostWeighed,           // a device thread runs them: the host's cost is weighed
-  };
-  static Judged judged();
   // Whether the launches since the cost window began (kCostWindow cache hits in a row, each
   // noted here) cost the host more than they kept the device busy; `spent` gets the figures.
   bool recording_cost_more_locked(Judged judged, bool hit, HostCost& spent);

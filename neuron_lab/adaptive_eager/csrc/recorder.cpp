@@ -229,8 +229,9 @@ void RepeatTracker::note_host_wait(Reason reason) {
       // than run (then the next probe waits longer: a device thread may come), or, where a
       // device thread runs them, the probe's last stretch cost the host more than it kept the
       // device busy (then the next probe waits longer too).
-      if (!recording_would_pay_locked()) return;
-      if (judged() == Judged::CostWeighed && HostCost::now().since(probe_cost_start_).recording_costs_more()) {
+      const Judged judged_now = judged();
+      if (!recording_would_pay_locked(judged_now)) return;
+      if (judged_now == Judged::CostWeighed && HostCost::now().since(probe_cost_start_).recording_costs_more()) {
         repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
         probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
         return;
@@ -260,7 +261,7 @@ void RepeatTracker::note_host_wait(Reason reason) {
     if (repeated_stretches_ >= repeats_to_probe_) {
       repeated_stretches_ = 0;
       waits_ = 0;
-      if (!recording_would_pay_locked()) return;
+      if (!recording_would_pay_locked(judged())) return;
       probing_ = true;
       probe_from_repeats_ = true;
       return;
@@ -268,16 +269,16 @@ void RepeatTracker::note_host_wait(Reason reason) {
   }
   if (++waits_ >= probe_every_ && reason != Reason::RandomOp) {
     waits_ = 0;
-    if (recording_would_pay_locked()) probing_ = true;
+    if (recording_would_pay_locked(judged())) probing_ = true;
   }
 }
 
-bool RepeatTracker::recording_would_pay_locked() {
+bool RepeatTracker::recording_would_pay_locked(Judged judged_now) {
   // Where replaying costs more than running, recording never resumes, so a probe could only
   // record a stretch and replay it for nothing (a ResNet-18 step: its graphs recorded, and
   // 27 MiB more host heap for the replayed kernels' results). The repeats and waits asked of
   // the next probe double instead; a device thread or the compiled tier lets it probe.
-  if (judged() != Judged::HostReplaysCostMore) return true;
+  if (judged_now != Judged::HostReplaysCostMore) return true;
   repeats_to_probe_ = std::min(2 * repeats_to_probe_, kMaxRepeatsToProbe);
   probe_every_ = std::min(2 * probe_every_, kMaxProbeEvery);
   return false;
