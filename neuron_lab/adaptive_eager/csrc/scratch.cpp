@@ -62,8 +62,7 @@ class ScratchPool {
         return;
       }
     }
-    c10::free_cpu(b->ptr);
-    delete b;
+    destroy(b);
   }
 
   size_t cached_bytes() {
@@ -78,13 +77,14 @@ class ScratchPool {
       free.swap(free_);
       cached_bytes_ = 0;
     }
-    for (auto& [size, b] : free) {
-      c10::free_cpu(b->ptr);
-      delete b;
-    }
+    for (auto& [size, b] : free) destroy(b);
   }
 
  private:
+  static void destroy(Block* b) {
+    c10::free_cpu(b->ptr);
+    delete b;
+  }
   std::mutex mutex_;
   std::multimap<size_t, Block*> free_;
   size_t cached_bytes_ = 0;
