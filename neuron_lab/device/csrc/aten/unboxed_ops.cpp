@@ -244,15 +244,18 @@ namespace {
 
 // ---- one call's tensors ----------------------------------------------------------
 
-// Which arguments an op writes, by its schema: a tensor list's tensors are all written (an
-// in-place foreach op's self) or all read. (A tensor argument says it by its type too.)
+// Which arguments an op writes, by its schema, one bit an argument (bit i: argument i): a
+// tensor list's tensors are all written (an in-place foreach op's self) or all read. (A
+// tensor argument says it by its type too.)
 template <class Op>
-const std::vector<bool>& written_arguments() {
-  static const std::vector<bool> written = [] {
-    std::vector<bool> w;
+uint64_t written_arguments() {
+  static const uint64_t written = [] {
     const auto& op = c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    for (const auto& argument : op.schema().arguments()) {
-      w.push_back(argument.alias_info() != nullptr && argument.alias_info()->isWrite());
+    const auto& arguments = op.schema().arguments();
+    TORCH_INTERNAL_ASSERT(arguments.size() <= 64, "neuron: ", Op::name, " has more than 64 arguments");
+    uint64_t w = 0;
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      if (arguments[i].alias_info() != nullptr && arguments[i].alias_info()->isWrite()) w |= uint64_t{1} << i;
     }
     return w;
   }();
@@ -680,9 +683,9 @@ struct Unboxed<Op, Otherwise, R(A...)> {
       tensors.writes.reserve(listed + sizeof...(A));
     }
     {
-      const std::vector<bool>& written = written_arguments<Op>();
+      const uint64_t written = written_arguments<Op>();
       size_t i = 0;
-      (collect(tensors, args, written[i++]), ...);
+      (collect(tensors, args, ((written >> i++) & 1) != 0), ...);
     }
     // A random op draws after the random ops buffered or running before it: the fallback
     // waits for them where there are any.
