@@ -216,6 +216,18 @@
 #include <ATen/ops/triu_ops.h>
 #include <ATen/ops/trunc_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/trunc_ops.h>
+// Routing, sorting and masking ops of mixture-of-experts and user models (scatter, topk,
+// sort, max over a dim) and abs's backward (sgn): the boxed path's stack cost them 1.4-2x the
+// CPU's time on small tensors (benchmarks/bench_ops.py).
+#include <ATen/ops/max_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/scatter_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/scatter_ops.h>
+#include <ATen/ops/sgn_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sgn_ops.h>
+#include <ATen/ops/sort_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/sort_ops.h>
+#include <ATen/ops/topk_compositeexplicitautogradnonfunctional_dispatch.h>
+#include <ATen/ops/topk_ops.h>
 #include <ATen/ops/abs_ops.h>
 #include <ATen/ops/convolution_backward_ops.h>
 #include <ATen/ops/convolution_ops.h>
@@ -887,6 +899,14 @@ NEURON_STRUCTURED(silu_backward, silu_backward)
 NEURON_STRUCTURED(gelu_backward, gelu_backward)
 NEURON_STRUCTURED(sigmoid_backward, sigmoid_backward)
 NEURON_STRUCTURED(threshold_backward, threshold_backward)
+NEURON_STRUCTURED(sgn, sgn)
+NEURON_STRUCTURED(topk, topk_symint)
+NEURON_STRUCTURED(sort_stable, sort)
+NEURON_STRUCTURED(max_dim, max)
+NEURON_STRUCTURED(scatter_src, scatter)
+NEURON_STRUCTURED(scatter_value, scatter)
+NEURON_STRUCTURED(scatter__src, scatter_)
+NEURON_STRUCTURED(scatter__value, scatter_)
 // Pointwise math, comparisons, clamps, reductions and activations of user models (a
 // transformer's position buckets, masks and clamps, a CNN's activations): structured ops whose
 // out= form is <op_struct>_out, both taken by the unboxed path (register_unboxed_ops). One list,
@@ -978,7 +998,9 @@ void register_unboxed_ops(torch::Library& m) {
                ops::_softmax_backward_data_out, ops::_log_softmax_out, ops::_log_softmax_backward_data_out,
                ops::nll_loss_forward_output, ops::nll_loss_backward_grad_input,
                ops::silu_backward_grad_input, ops::gelu_backward_grad_input, ops::sigmoid_backward_grad_input,
-               ops::threshold_backward_grad_input>(m);  // activations' backward
+               ops::threshold_backward_grad_input,  // activations' backward
+               ops::sgn_out, ops::topk_values, ops::sort_values_stable, ops::max_dim_max,  // routing and sorting
+               ops::scatter_src_out, ops::scatter_value_out>(m);
   // User models' structured ops (NEURON_USER_MODEL_STRUCTURED_OPS), functional and out= forms.
 #define NEURON_REGISTER_WITH_OUT(op_struct, function) \
   register_##op_struct(m);                          \
@@ -1004,7 +1026,9 @@ void register_unboxed_ops(torch::Library& m) {
         register_sin, register_any_dim, register_any, register_all, register_all_dim, register_isneginf, register_tril,
         register__log_softmax, register_nll_loss_forward, register_nll_loss_backward,
         register__log_softmax_backward_data, register__softmax_backward_data, register_tanh_backward,
-        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward}) {
+        register_silu_backward, register_gelu_backward, register_sigmoid_backward, register_threshold_backward,
+        register_sgn, register_topk, register_sort_stable, register_max_dim, register_scatter_src,
+        register_scatter_value, register_scatter__src, register_scatter__value}) {
     register_op(m);
   }
 }
