@@ -115,6 +115,15 @@ USER_MODEL_CASES = {
                           (_a(2, 3, 8, 8), _a(4, 3, 3, 3), _a(4))),
     "sdpa_backward": (_grads(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
                       (_a(1, 2, 5, 8), _a(1, 2, 5, 8), _a(1, 2, 5, 8))),
+    # a mixture of experts' routing (topk, sort, scatter), max over a dim, sgn
+    "routing_and_sorting": (lambda a, i: torch.cat([
+        a.topk(2, dim=-1).values.flatten(), a.topk(3, dim=0, largest=False).indices.flatten().float(),
+        a.sort(-1).values.flatten(), a.sort(dim=0, descending=True, stable=True).indices.flatten().float(),
+        a.max(-1).values, a.max(0, keepdim=True).indices.flatten().float(),
+        a.scatter(1, i, a[:, :2]).flatten(), a.scatter(1, i, 0.5).flatten(),
+        a.clone().scatter_(1, i, a[:, 2:4]).flatten(), a.clone().scatter_(1, i, -1.0).flatten(),
+        (a * (a.abs() > 0.5)).sgn().flatten()]), (_a(4, 6), torch.tensor([[0, 5], [1, 3], [4, 2], [3, 0]]))),
+    "abs_backward": (_grads(lambda a: a.abs() * 3), (_a(5, 7),)),
 }
 CASES.update(USER_MODEL_CASES)
 
