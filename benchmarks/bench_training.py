@@ -22,9 +22,9 @@ Method:
 * **Fresh pairs.** A process's speed moves over seconds and differs from one start to the next:
   on this VM six fresh CPU processes of tiny Mixtral ran five blocks of 60 steps each at 4.0-4.2
   ms in one process and 4.5-6.4 ms in others. Rounds inside one pair of processes cannot average
-  out what a start decides. ``--pairs N`` repeats the whole measurement with N fresh sets of workers, one set after
-  the other; the ratio is the median over every round of every pair, and the table shows the
-  range of the pairs' own medians.
+  out what a start decides. ``--pairs N`` repeats the whole measurement with N fresh sets of
+  workers, one set after the other; the ratio is the median over every round of every pair, and
+  the table shows the range of the pairs' own medians.
 * **First 20 iterations.** ``resnet18_first20``: each round starts a fresh pair of processes that
   build ResNet-18 and time their first 20 steps (recording, graph building and caches included).
 

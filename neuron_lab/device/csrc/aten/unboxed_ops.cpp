@@ -217,7 +217,7 @@
 #include <ATen/ops/trunc_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/trunc_ops.h>
 // Routing, sorting and masking ops of mixture-of-experts and user models (scatter, topk,
-// sort, max over a dim) and abs's backward (sgn): the boxed path's stack cost them 1.4-2x the
+// sort, max over a dim) and abs's backward (sgn): on the boxed path they cost 1.2-2.1x the
 // CPU's time on small tensors (benchmarks/bench_ops.py).
 #include <ATen/ops/max_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/scatter_compositeexplicitautogradnonfunctional_dispatch.h>
