@@ -666,6 +666,8 @@ def test_small_isin_runs_where_it_applies_and_only_there():
 WHERE_SHAPES = [  # condition, self, other
     ((99,), (), (1, 99)),  # a logits processor's mask over a [1, vocab] row
     ((2, 3, 17), (2, 3, 17), (17,)),
+    ((2, 3, 17), (3, 17), (17,)),  # three periods: runs of 17, each operand at its own offset
+    ((3, 17), (17,), ()),
     ((1,), (3, 9), (3, 9)),
     ((3, 9), (1, 1, 9), ()),
     ((5,), (), ()),

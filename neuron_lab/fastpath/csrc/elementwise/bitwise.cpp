@@ -24,30 +24,41 @@ inline T apply(T a, T b) {
 // Other's elements are of type U: T, or a bool (uint8_t) that ATen promotes to the integer
 // type T (false 0, true 1).
 template <class T, class U, Bitwise op>
-void run_as(int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
-            const at::Tensor* other, const at::Tensor& out) {
-  const T* a = static_cast<const T*>(self.const_data_ptr());
-  const U* b = other != nullptr ? static_cast<const U*>(other->const_data_ptr()) : nullptr;
-  T* y = static_cast<T*>(out.mutable_data_ptr());
-  for (int64_t i = 0; i < numel; ++i) {
-    const T x = a[at_period(i, self_period)];
-    if (b == nullptr) {
-      y[i] = apply<T, op>(x, x);
-    } else if constexpr (std::is_same_v<T, U>) {
-      y[i] = apply<T, op>(x, b[at_period(i, other_period)]);
-    } else {
-      y[i] = apply<T, op>(x, static_cast<T>(b[at_period(i, other_period)] != 0));
-    }
+inline T apply_to(T x, U y) {
+  if constexpr (std::is_same_v<T, U>) {
+    return apply<T, op>(x, y);
+  } else {
+    return apply<T, op>(x, static_cast<T>(y != 0));
   }
 }
 
+template <class T, class U, Bitwise op>
+void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_period, const at::Tensor& self,
+            const at::Tensor* other, const at::Tensor& out) {
+  const T* a = static_cast<const T*>(self.const_data_ptr());
+  T* y = static_cast<T*>(out.mutable_data_ptr());
+  if (other == nullptr) {  // not: self is the result's shape
+    for (int64_t i = 0; i < plan.numel; ++i) y[i] = apply<T, op>(a[i], a[i]);
+    return;
+  }
+  const U* b = static_cast<const U*>(other->const_data_ptr());
+  ElementwisePlan runs = plan;
+  runs.periods = {self_period, other_period, 0};
+  for_each_run(runs, 2, [&](const ElementwiseRun& r) {
+    const T* x = a + r.offset[0];
+    const U* z = b + r.offset[1];
+    T* dst = y + r.start;
+    for (int64_t i = 0; i < r.length; ++i) dst[i] = apply_to<T, U, op>(x[i * r.step[0]], z[i * r.step[1]]);
+  });
+}
+
 template <class T, class U = T>
-void run_typed(Bitwise op, int64_t numel, int64_t self_period, int64_t other_period, const at::Tensor& self,
-               const at::Tensor* other, const at::Tensor& out) {
+void run_typed(Bitwise op, const ElementwisePlan& plan, int64_t self_period, int64_t other_period,
+               const at::Tensor& self, const at::Tensor* other, const at::Tensor& out) {
   switch (op) {
-    case Bitwise::And: return run_as<T, U, Bitwise::And>(numel, self_period, other_period, self, other, out);
-    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(numel, self_period, other_period, self, other, out);
-    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(numel, self_period, other_period, self, other, out);
+    case Bitwise::And: return run_as<T, U, Bitwise::And>(plan, self_period, other_period, self, other, out);
+    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(plan, self_period, other_period, self, other, out);
+    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(plan, self_period, other_period, self, other, out);
   }
 }
 
@@ -77,7 +88,6 @@ std::optional<ElementwisePlan> plan_small_bitwise(const at::Tensor& self, const 
 
 void run_small_bitwise(Bitwise op, const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor* other,
                        const at::Tensor& out) {
-  const int64_t n = plan.numel;
   if (other != nullptr && self.scalar_type() != other->scalar_type()) {
     // An integer and a bool: & and | commute, so the integer operand goes first.
     const bool self_is_bool = self.scalar_type() == at::kBool;
@@ -86,15 +96,15 @@ void run_small_bitwise(Bitwise op, const ElementwisePlan& plan, const at::Tensor
     const int64_t integer_period = self_is_bool ? plan.periods[1] : plan.periods[0];
     const int64_t flags_period = self_is_bool ? plan.periods[0] : plan.periods[1];
     switch (plan.dtype) {
-      case at::kInt: return run_typed<int32_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
-      case at::kLong: return run_typed<int64_t, uint8_t>(op, n, integer_period, flags_period, integer, &flags, out);
+      case at::kInt: return run_typed<int32_t, uint8_t>(op, plan, integer_period, flags_period, integer, &flags, out);
+      case at::kLong: return run_typed<int64_t, uint8_t>(op, plan, integer_period, flags_period, integer, &flags, out);
       default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
     }
   }
   switch (plan.dtype) {
-    case at::kBool: return run_typed<uint8_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
-    case at::kInt: return run_typed<int32_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
-    case at::kLong: return run_typed<int64_t>(op, n, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kBool: return run_typed<uint8_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kInt: return run_typed<int32_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kLong: return run_typed<int64_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
     default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
   }
 }

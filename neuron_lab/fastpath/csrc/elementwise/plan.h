@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <initializer_list>
@@ -35,8 +36,33 @@ struct ElementwisePlan {
 std::optional<ElementwisePlan> plan_elementwise(std::initializer_list<const at::Tensor*> operands,
                                                 at::ScalarType dtype);
 
-// Element i of an operand that repeats every `period` elements of the result.
-inline int64_t at_period(int64_t i, int64_t period) { return period == 1 ? 0 : i % period; }
+// A run of the result's elements within which every operand either advances one element a
+// step (step 1) or stays on one element (step 0), from element `offset` of its own memory.
+struct ElementwiseRun {
+  int64_t start;   // the run's first element of the result
+  int64_t length;
+  std::array<int64_t, 3> offset{0, 0, 0};
+  std::array<int64_t, 3> step{0, 0, 0};
+};
+
+// Calls run(ElementwiseRun) for the runs that cover the plan's result, in order. The periods
+// are products of the result's trailing sizes, so each divides every larger one: runs as long
+// as the shortest period over 1 tile the result, one modulo an operand a run instead of one an
+// element (a division costs more than the element's whole work).
+template <class Run>
+void for_each_run(const ElementwisePlan& plan, size_t operands, Run&& run) {
+  int64_t length = plan.numel;
+  ElementwiseRun r{0, 0};
+  for (size_t k = 0; k < operands; ++k) {
+    if (plan.periods[k] > 1) length = std::min(length, plan.periods[k]);
+    r.step[k] = plan.periods[k] == 1 ? 0 : 1;
+  }
+  r.length = length;
+  for (r.start = 0; r.start < plan.numel; r.start += length) {
+    for (size_t k = 0; k < operands; ++k) r.offset[k] = r.start % plan.periods[k];
+    run(static_cast<const ElementwiseRun&>(r));
+  }
+}
 
 // Whether t is a Python number that ATen wrapped as a 0-dim tensor (its dtype promotes by
 // ATen's rule for numbers).

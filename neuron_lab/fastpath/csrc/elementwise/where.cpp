@@ -2,19 +2,41 @@
 #include "fastpath/csrc/elementwise/where.h"
 
 #include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/vector_clones.h"
 
 #include <cstring>
 
 namespace neuron::fastpath {
 namespace {
 
-// A bool's byte is read as ATen's kernel reads it: any nonzero byte is true.
+// A bool's byte is read as ATen's kernel reads it: any nonzero byte is true. A selection
+// copies bits, so every instruction set gives ATen's result.
+template <class Bits>
+NEURON_VECTOR_CLONES void select_dense(const uint8_t* condition, const Bits* self, const Bits* other, Bits* out,
+                                       int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = condition[i] != 0 ? self[i] : other[i];
+}
+// Some operand stays on one element (step 0) over the run.
+template <class Bits>
+void select_stepped(const uint8_t* condition, const Bits* self, const Bits* other, Bits* out, int64_t n,
+                    const std::array<int64_t, 3>& step) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = condition[i * step[0]] != 0 ? self[i * step[1]] : other[i * step[2]];
+  }
+}
+
 template <class Bits>
 void select(const ElementwisePlan& plan, const uint8_t* condition, const Bits* self, const Bits* other, Bits* out) {
-  for (int64_t i = 0; i < plan.numel; ++i) {
-    out[i] = condition[at_period(i, plan.periods[0])] ? self[at_period(i, plan.periods[1])]
-                                                            : other[at_period(i, plan.periods[2])];
-  }
+  for_each_run(plan, 3, [&](const ElementwiseRun& r) {
+    const uint8_t* c = condition + r.offset[0];
+    const Bits* a = self + r.offset[1];
+    const Bits* b = other + r.offset[2];
+    if (r.step[0] == 1 && r.step[1] == 1 && r.step[2] == 1) {
+      select_dense(c, a, b, out + r.start, r.length);
+    } else {
+      select_stepped(c, a, b, out + r.start, r.length, r.step);
+    }
+  });
 }
 
 }  // namespace
