@@ -124,6 +124,25 @@ USER_MODEL_CASES = {
         a.clone().scatter_(1, i, a[:, 2:4]).flatten(), a.clone().scatter_(1, i, -1.0).flatten(),
         (a * (a.abs() > 0.5)).sgn().flatten()]), (_a(4, 6), torch.tensor([[0, 5], [1, 3], [4, 2], [3, 0]]))),
     "abs_backward": (_grads(lambda a: a.abs() * 3), (_a(5, 7),)),
+    # x[idx], x[mask], x[:, idx], x[rows, cols] and their writes (index_put_, accumulating or not), index_add_, flip
+    "indexing": (lambda a, i, v: torch.cat([
+        a[i].flatten(), a[a > 0.5], a[:, i].flatten(), a[i, i], a.clone().index_put_((i,), v).flatten(),
+        a.clone().index_put_((i, i), v[:, 0], accumulate=True).flatten(), a.clone().index_add_(0, i, v, alpha=2).flatten(),
+        a.flip(-1).flatten(), a.flip(0, 1).flatten()]),
+        (_a(4, 6), torch.tensor([3, 0, 3]), _a(3, 6))),
+    "indexing_backward": (_grads(lambda a, v, i: a[i] * v + a[:, i].sum()), (_a(4, 6), _a(3, 6), torch.tensor([3, 0, 3]))),
+    # a CNN's and a UNet's: max pooling, group norm, nearest upsampling, with their backward
+    "pool_group_norm_upsample_backward": (_grads(lambda x, w, b: F.max_pool2d(x, 2).exp()
+                                                 + F.interpolate(F.group_norm(x, 2, w, b), scale_factor=0.5)
+                                                 + F.interpolate(x[:, :, ::4, ::4], scale_factor=2.0, mode="nearest")),
+                                          (_a(2, 4, 8, 8), _a(4), _a(4))),
+    "norms_variance_mse_backward": (_grads(lambda a, b: a.norm() + torch.linalg.vector_norm(a, 1, dim=-1).sum()
+                                           + a.var(-1).sum() + F.mse_loss(a, b)), (_a(4, 6), _a(4, 6))),
+    # an optimizer's per-tensor updates (foreach=False) and a model's in-place clamps
+    "in_place_updates": (lambda a, b: torch.cat([
+        a.clone().sub_(b, alpha=2), a.clone().div_(b.abs() + 1), a.clone().addcmul_(a, b, value=0.1),
+        a.clone().addcdiv_(a, b.abs() + 1, value=-0.5), a.clone().lerp_(b, 0.9), a.abs().sqrt_(), a.clone().exp_(),
+        a.clone().clamp_(-0.2, 0.3), a.clone().clamp_min_(0.0)]), (_a(4, 6), _a(4, 6))),
 }
 CASES.update(USER_MODEL_CASES)
 

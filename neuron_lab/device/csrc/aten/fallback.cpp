@@ -602,9 +602,9 @@ namespace neuron {
 // another driver elsewhere). The CPU kernel, through the fallback, keeps results
 // identical to the CPU's (the bitwise sweep, test_bitwise.py, finds new ones).
 void register_cpu_kernel_routes(torch::Library& m) {
-  for (const char* name : {"mse_loss", "native_group_norm", "addr", "addr.out",
-                           "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum",
-                           "linalg_lstsq"}) {
+  // (mse_loss and native_group_norm: unboxed_ops.cpp, which also takes them to the CPU kernel.)
+  for (const char* name :
+       {"addr", "addr.out", "_stack", "_stack.out", "all.dims_out", "any.dims_out", "linalg__powsum", "linalg_lstsq"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
 }
