@@ -55,6 +55,7 @@ CASES: list[tuple[str, Callable[[Inputs], object]]] = [
     ("relu", lambda t: t["x"].relu()),
     ("where", lambda t: torch.where(t["mask"], t["x"], t["y"])),
     ("masked_fill", lambda t: t["x"].masked_fill(t["mask"], 0.0)),
+    ("mask & row mask", lambda t: t["mask"] & t["mask"][0]),  # a padding mask and a causal one, broadcast
     ("eq", lambda t: t["ids"] == 3),
     ("lt", lambda t: t["x"] < t["y"]),
     ("softmax", lambda t: t["x"].softmax(-1)),

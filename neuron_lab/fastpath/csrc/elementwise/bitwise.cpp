@@ -2,6 +2,7 @@
 #include "fastpath/csrc/elementwise/bitwise.h"
 
 #include "device/csrc/aten/dense_layout.h"
+#include "device/csrc/aten/vector_clones.h"
 
 #include <type_traits>
 
@@ -32,6 +33,12 @@ inline T apply_to(T x, U y) {
   }
 }
 
+// Integer and logical work only: every instruction set gives the same result.
+template <class T, class U, Bitwise op>
+NEURON_VECTOR_CLONES void both_dense(const T* x, const U* z, T* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = apply_to<T, U, op>(x[i], z[i]);
+}
+
 template <class T, class U, Bitwise op>
 void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_period, const at::Tensor& self,
             const at::Tensor* other, const at::Tensor& out) {
@@ -48,6 +55,7 @@ void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_peri
     const T* x = a + r.offset[0];
     const U* z = b + r.offset[1];
     T* dst = y + r.start;
+    if (r.step[0] == 1 && r.step[1] == 1) return both_dense<T, U, op>(x, z, dst, r.length);
     for (int64_t i = 0; i < r.length; ++i) dst[i] = apply_to<T, U, op>(x[i * r.step[0]], z[i * r.step[1]]);
   });
 }
