@@ -138,6 +138,13 @@ USER_MODEL_CASES = {
                                           (_a(2, 4, 8, 8), _a(4), _a(4))),
     "norms_variance_mse_backward": (_grads(lambda a, b: a.norm() + torch.linalg.vector_norm(a, 1, dim=-1).sum()
                                            + a.var(-1).sum() + F.mse_loss(a, b)), (_a(4, 6), _a(4, 6))),
+    # a mixture of experts' grouped matmul over tokens sorted by expert, and its backward; the
+    # routing's floor division (perm // top_k)
+    "grouped_mm_backward": (_grads(lambda x, w, offs: torch._grouped_mm(x, w, offs=offs).tanh()),
+                            (_a(12, 8), _a(3, 8, 4), torch.tensor([4, 4, 12], dtype=torch.int32))),
+    "floor_divide": (lambda a, i: torch.cat([(i // 2).float(), (a // 0.3).flatten(), torch.floor_divide(a, a.flip(0))
+                                             .flatten(), a.clone().floor_divide_(a.abs() + 0.5).flatten()]),
+                     (_a(3, 4), torch.tensor([5, -3, 7, 0]))),
     # an optimizer's per-tensor updates (foreach=False) and a model's in-place clamps
     "in_place_updates": (lambda a, b: torch.cat([
         a.clone().sub_(b, alpha=2), a.clone().div_(b.abs() + 1), a.clone().addcmul_(a, b, value=0.1),
@@ -498,3 +505,19 @@ def test_copies_into_a_core_run_at_once_in_adaptive_mode_as_the_cpus() -> None:
         assert same_bits(got.cpu(), torch.tanh(x_cpu.t() @ w_cpu) + x_cpu.t().double().float())
     c = ae.counters()
     assert c["graphs_unrepeated"] and c["ops_run_at_once"] > before
+
+
+def test_a_grouped_matmul_runs_whole_without_reading_its_offsets_back() -> None:
+    """A mixture of experts' _grouped_mm: its composite kernel run on the device copied the
+    offsets to the host (a wait on every call, forward and backward) and ran one matmul per
+    group; run whole, as on the CPU, it moves nothing to the host and gives the CPU's bits."""
+    fn, args = USER_MODEL_CASES["grouped_mm_backward"]
+    want = fn(*args)
+    inputs = [a.to("neuron") for a in args]
+    for mode in ("blocking", "adaptive"):
+        with neuron_lab.mode(mode):
+            before = device_counters()["device_to_host_bytes"]
+            got = fn(*inputs)
+            moved = device_counters()["device_to_host_bytes"] - before
+        assert same_bits(got.cpu(), want), mode
+        assert moved == 0, f"{mode}: {moved} bytes went to the host"

@@ -230,10 +230,14 @@
 #include <ATen/ops/topk_ops.h>
 // Indexing (x[idx], x[idx] = v, index_add_), flips, pooling, norms, group norm, variance,
 // nearest upsampling and an MSE loss's backward: on the boxed path 1.2-2x the CPU's time on
-// small tensors (bench_ops.py). In-place forms of structured ops an optimizer without foreach
+// small tensors (bench_ops.py). A mixture of experts' grouped matmul (_grouped_mm, whose
+// composite kernel on the device read its offsets back to the host, a wait, then ran a matmul
+// per group) runs whole, as on the CPU, and its routing's floor division leaves the boxed path. In-place forms of structured ops an optimizer without foreach
 // kernels calls (sub_, div_, addcmul_, lerp_, sqrt_ ...) run their CPU kernel in one pass, not
 // torch's wrapper's meta function, then the out= kernel.
+#include <ATen/ops/_grouped_mm_ops.h>
 #include <ATen/ops/_index_put_impl_ops.h>
+#include <ATen/ops/floor_divide_ops.h>
 #include <ATen/ops/flip_ops.h>
 #include <ATen/ops/index_add_compositeexplicitautogradnonfunctional_dispatch.h>
 #include <ATen/ops/index_add_ops.h>
@@ -1081,7 +1085,8 @@ void register_unboxed_ops(torch::Library& m) {
                ops::max_pool2d_with_indices_out, ops::max_pool2d_with_indices_backward_grad_input,  // a CNN's
                ops::native_group_norm, ops::native_group_norm_backward, ops::upsample_nearest2d_out,  // a UNet's
                ops::upsample_nearest2d_backward_grad_input,
-               ops::linalg_vector_norm_out, ops::var_correction, ops::mse_loss, ops::mse_loss_backward>(m);
+               ops::linalg_vector_norm_out, ops::var_correction, ops::mse_loss, ops::mse_loss_backward,
+               ops::_grouped_mm, ops::floor_divide, ops::floor_divide__Tensor, ops::floor_divide_out>(m);
   // User models' structured ops (NEURON_USER_MODEL_STRUCTURED_OPS), functional and out= forms.
 #define NEURON_REGISTER_WITH_OUT(op_struct, function) \
   register_##op_struct(m);                          \
