@@ -39,8 +39,9 @@ def same_layout_on_device(t: object) -> object:
 
 def elementwise_sweep_case(rng: random.Random) -> tuple[str, Callable, list]:
     """A random elementwise call of small operands: dense, some size-1 dims given other
-    strides, the second a same-shape operand, a trailing block, one element of any rank
-    (0-dim included) or a Python number, in either order."""
+    strides, the second a same-shape operand, a trailing block, one element per run of
+    trailing dims ([rows, 1]), one element of any rank (0-dim included) or a Python number, in
+    either order; the first sometimes partial too."""
 
     def dense(shape, dtype):
         if dtype == torch.bool:
@@ -53,11 +54,15 @@ def elementwise_sweep_case(rng: random.Random) -> tuple[str, Callable, list]:
         return with_unit_strides(t, odd)
 
     def partner(shape, dtype):
-        kind = rng.choice(["same", "block", "one"])
+        kind = rng.choice(["same", "block", "one", "rows"])
         if kind == "same":
             return dense(shape, dtype)
         if kind == "block":
             return dense([1] * rng.randint(0, 1) + shape[rng.randint(0, len(shape)):], dtype)
+        if kind == "rows":  # trailing dims of one ([rows, 1] against [rows, cols]), leading ones maybe
+            keep = rng.randint(0, len(shape))
+            lead = rng.randint(0, keep)
+            return dense([1] * lead + shape[lead:keep] + [1] * (len(shape) - keep), dtype)
         return dense([1] * rng.randint(0, 3), dtype)
 
     shape = [rng.choice([1, 1, 2, 3, 4, 8]) for _ in range(rng.randint(1, 5))]
@@ -77,7 +82,9 @@ def elementwise_sweep_case(rng: random.Random) -> tuple[str, Callable, list]:
     # & and | of an integer and a bool: ATen promotes the bool
     other_dtype = torch.bool if op in ("and", "or") and dtype != torch.bool and rng.random() < 0.3 else dtype
     other = partner(shape, other_dtype) if rng.random() < 0.8 else (2.5 if dtype.is_floating_point else 3)
-    args = [dense(shape, dtype), other]
+    # mostly an operand of the result's shape; sometimes two partial ones ([rows, 1] and [cols])
+    first = dense(shape, dtype) if rng.random() < 0.8 else partner(shape, dtype)
+    args = [first, other]
     if rng.random() < 0.5:
         args.reverse()
     return op, fn, args

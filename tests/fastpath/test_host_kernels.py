@@ -210,6 +210,10 @@ def rotary_cases(dtype: torch.dtype) -> list[tuple[str, object, object]]:
         ("odd one-element * column", one, rand(4, 1)),
         ("column - odd one-element", rand(4, 1), one),
         ("odd one-element + odd one-element", one, with_unit_strides(rand(1, 1), {0: 5})),
+        ("x * rsqrt(variance): a row's statistic [2, 3, 1]", rand(2, 3, 8), rand(2, 3, 1)),
+        ("q - a head's statistic [1, 4, 1, 1]", q, rand(1, 4, 1, 1)),
+        ("rows * cols: two partial operands", rand(4, 1), rand(8)),
+        ("heads' statistic * bias block", rand(1, 4, 1), rand(4, 8)[:, None].squeeze(1)),
     ]
 
 
@@ -667,6 +671,8 @@ WHERE_SHAPES = [  # condition, self, other
     ((99,), (), (1, 99)),  # a logits processor's mask over a [1, vocab] row
     ((2, 3, 17), (2, 3, 17), (17,)),
     ((2, 3, 17), (3, 17), (17,)),  # three periods: runs of 17, each operand at its own offset
+    ((2, 3, 1), (2, 3, 17), (1, 17)),  # a mask per row, repeated over the row
+    ((3, 1), (1, 3, 1), (4,)),  # rows against columns: no operand of the result's shape
     ((3, 17), (17,), ()),
     ((1,), (3, 9), (3, 9)),
     ((3, 9), (1, 1, 9), ()),
@@ -748,7 +754,7 @@ def test_small_where_runs_where_it_applies_and_only_there():
         assert runs(lambda: torch.where(condition, masked, row)) == 1
         row_double = row.double()
         assert runs(lambda: torch.where(condition, row, row_double)) == 0
-        assert runs(lambda: torch.where(condition.view(99, 1), row, masked)) == 0  # repeats an inner dim
+        assert runs(lambda: torch.where(condition.view(99, 1), row, masked)) == 1  # each element over a row
         assert runs(lambda: torch.where(condition.view(1, 99), row.view(99), row)) == 1
         assert runs(lambda: torch.where(condition, row.expand(2, 99).t().t(), masked)) == 0  # strided
 

@@ -80,21 +80,6 @@ inline c10::SmallVector<int64_t, 6> row_major_strides(c10::IntArrayRef sizes) {
   return strides;
 }
 
-// How often t repeats over a result of `sizes` (numel elements), read as dense row-major
-// memory (dense_row_major): numel when it is as big, 1 for one element, its own numel when
-// it is a block of the result's trailing dims; 0 when a kernel cannot read it so. The
-// result's layout for such operands is elementwise_result_strides()'s.
-inline int64_t period(const at::Tensor& t, c10::IntArrayRef sizes, int64_t numel) {
-  const int64_t n = t.numel();
-  if (n == 1) return 1;
-  if (!dense_row_major(t)) return 0;
-  if (n == numel) return n;  // it broadcasts to the result with no dim repeated: the same order
-  c10::IntArrayRef own = t.sizes();
-  while (!own.empty() && own.front() == 1) own = own.slice(1);
-  if (own.size() > sizes.size() || sizes.slice(sizes.size() - own.size()) != own) return 0;
-  return n;
-}
-
 // TensorIterator's reorder_dimensions: the dims of an iteration over `sizes`, innermost
 // first, ordered by the operands' strides. `strides[i]` holds operand i's strides in bytes
 // against `sizes`, 0 where it broadcasts. An insertion sort from the last dim: for each pair

@@ -72,24 +72,25 @@ T only_element(const at::Tensor& t) {
   }
 }
 
+// Run by run (plan.h's for_each_run): each operand dense or one element over a run. A one-element
+// operand may be a Python number of another dtype (only_element casts it as ATen does).
 template <class T, Arith op>
 void run(const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor& other, const at::Tensor& out) {
   T* dst = out.mutable_data_ptr<T>();
-  const int64_t n = plan.numel;
-  if (plan.periods[1] == 1 && n > 1) return dense_number<T, op>(self.const_data_ptr<T>(), only_element<T>(other), dst, n);
-  if (plan.periods[0] == 1 && n > 1) return number_dense<T, op>(only_element<T>(self), other.const_data_ptr<T>(), dst, n);
-  if (n == 1) {  // two single elements, of any shape of ones
-    dst[0] = apply<T, op>(only_element<T>(self), only_element<T>(other));
-    return;
-  }
-  // Both dense, or one a block the other repeats: the loop runs block by block.
-  const T* a = self.const_data_ptr<T>();
-  const T* b = other.const_data_ptr<T>();
-  const int64_t block = std::min(plan.periods[0], plan.periods[1]);
-  for (int64_t start = 0; start < n; start += block) {
-    both_dense<T, op>(plan.periods[0] == n ? a + start : a, plan.periods[1] == n ? b + start : b, dst + start,
-                      block);
-  }
+  const T* a = plan.periods[0] > 1 ? self.const_data_ptr<T>() : nullptr;
+  const T* b = plan.periods[1] > 1 ? other.const_data_ptr<T>() : nullptr;
+  const T only_a = a == nullptr ? only_element<T>(self) : T{};
+  const T only_b = b == nullptr ? only_element<T>(other) : T{};
+  for_each_run(plan, 2, [&](const ElementwiseRun& r) {
+    T* d = dst + r.start;
+    if (r.step[0] == 1 && r.step[1] == 1) return both_dense<T, op>(a + r.offset[0], b + r.offset[1], d, r.length);
+    const T x = a == nullptr ? only_a : a[r.offset[0]];
+    const T y = b == nullptr ? only_b : b[r.offset[1]];
+    if (r.step[0] == 1) return dense_number<T, op>(a + r.offset[0], y, d, r.length);
+    if (r.step[1] == 1) return number_dense<T, op>(x, b + r.offset[1], d, r.length);
+    const T value = apply<T, op>(x, y);
+    for (int64_t i = 0; i < r.length; ++i) d[i] = value;
+  });
 }
 
 template <class T>
@@ -111,10 +112,7 @@ std::optional<ElementwisePlan> plan_small_arith(const at::Tensor& self, const at
   if (alpha.isIntegral(false) ? alpha.toLong() != 1 : alpha.toDouble() != 1.0) return std::nullopt;
   const auto dtype = common_dtype(self, other);
   if (!dtype.has_value()) return std::nullopt;
-  auto plan = plan_elementwise({&self, &other}, *dtype);
-  // A block must tile the result: one operand as big as it, the other a block or one element.
-  if (!plan.has_value() || (plan->periods[0] != plan->numel && plan->periods[1] != plan->numel)) return std::nullopt;
-  return plan;
+  return plan_elementwise({&self, &other}, *dtype);
 }
 
 void run_small_arith(Arith op, const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor& other,

@@ -12,7 +12,8 @@
 //     the tensor's kind (an int anywhere, a float with a float tensor), cast as ATen casts it;
 //   - each operand dense in row-major order (the strides of its size-1 dims aside: a
 //     transposed query of one token), or of one element, or a block that the other repeats
-//     (a bias [32] against [1, 1, 32]); no conjugate, negative or zero tensors. The result
+//     (a bias [32] against [1, 1, 32]), or one element per row of the result (an RMSNorm's
+//     rsqrt(variance) [2, 12, 1] against [2, 12, 32]); no conjugate, negative or zero tensors. The result
 //     has the strides ATen's TensorIterator gives it (plan.h's
 //     shared elementwise plan), which for such operands differ from row-major's only in
 //     size-1 dims;

@@ -5,6 +5,7 @@
 #include "device/csrc/aten/vector_clones.h"
 
 #include <type_traits>
+#include <utility>
 
 namespace neuron::fastpath {
 namespace {
@@ -40,8 +41,7 @@ NEURON_VECTOR_CLONES void both_dense(const T* x, const U* z, T* out, int64_t n) 
 }
 
 template <class T, class U, Bitwise op>
-void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_period, const at::Tensor& self,
-            const at::Tensor* other, const at::Tensor& out) {
+void run_as(const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor* other, const at::Tensor& out) {
   const T* a = static_cast<const T*>(self.const_data_ptr());
   T* y = static_cast<T*>(out.mutable_data_ptr());
   if (other == nullptr) {  // not: self is the result's shape
@@ -49,9 +49,7 @@ void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_peri
     return;
   }
   const U* b = static_cast<const U*>(other->const_data_ptr());
-  ElementwisePlan runs = plan;
-  runs.periods = {self_period, other_period, 0};
-  for_each_run(runs, 2, [&](const ElementwiseRun& r) {
+  for_each_run(plan, 2, [&](const ElementwiseRun& r) {
     const T* x = a + r.offset[0];
     const U* z = b + r.offset[1];
     T* dst = y + r.start;
@@ -61,12 +59,12 @@ void run_as(const ElementwisePlan& plan, int64_t self_period, int64_t other_peri
 }
 
 template <class T, class U = T>
-void run_typed(Bitwise op, const ElementwisePlan& plan, int64_t self_period, int64_t other_period,
-               const at::Tensor& self, const at::Tensor* other, const at::Tensor& out) {
+void run_typed(Bitwise op, const ElementwisePlan& plan, const at::Tensor& self, const at::Tensor* other,
+               const at::Tensor& out) {
   switch (op) {
-    case Bitwise::And: return run_as<T, U, Bitwise::And>(plan, self_period, other_period, self, other, out);
-    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(plan, self_period, other_period, self, other, out);
-    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(plan, self_period, other_period, self, other, out);
+    case Bitwise::And: return run_as<T, U, Bitwise::And>(plan, self, other, out);
+    case Bitwise::Or: return run_as<T, U, Bitwise::Or>(plan, self, other, out);
+    case Bitwise::Not: return run_as<T, U, Bitwise::Not>(plan, self, other, out);
   }
 }
 
@@ -101,18 +99,21 @@ void run_small_bitwise(Bitwise op, const ElementwisePlan& plan, const at::Tensor
     const bool self_is_bool = self.scalar_type() == at::kBool;
     const at::Tensor& integer = self_is_bool ? *other : self;
     const at::Tensor& flags = self_is_bool ? self : *other;
-    const int64_t integer_period = self_is_bool ? plan.periods[1] : plan.periods[0];
-    const int64_t flags_period = self_is_bool ? plan.periods[0] : plan.periods[1];
+    ElementwisePlan swapped = plan;  // the operands' readings in that order
+    if (self_is_bool) {
+      std::swap(swapped.periods[0], swapped.periods[1]);
+      std::swap(swapped.repeats[0], swapped.repeats[1]);
+    }
     switch (plan.dtype) {
-      case at::kInt: return run_typed<int32_t, uint8_t>(op, plan, integer_period, flags_period, integer, &flags, out);
-      case at::kLong: return run_typed<int64_t, uint8_t>(op, plan, integer_period, flags_period, integer, &flags, out);
+      case at::kInt: return run_typed<int32_t, uint8_t>(op, swapped, integer, &flags, out);
+      case at::kLong: return run_typed<int64_t, uint8_t>(op, swapped, integer, &flags, out);
       default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
     }
   }
   switch (plan.dtype) {
-    case at::kBool: return run_typed<uint8_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
-    case at::kInt: return run_typed<int32_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
-    case at::kLong: return run_typed<int64_t>(op, plan, plan.periods[0], plan.periods[1], self, other, out);
+    case at::kBool: return run_typed<uint8_t>(op, plan, self, other, out);
+    case at::kInt: return run_typed<int32_t>(op, plan, self, other, out);
+    case at::kLong: return run_typed<int64_t>(op, plan, self, other, out);
     default: TORCH_INTERNAL_ASSERT(false, "neuron: small bitwise op planned for ", plan.dtype);
   }
 }

@@ -6,7 +6,8 @@
 // integer and a bool (ATen promotes the bool to the integer's dtype: generate()'s int64
 // unfinished-sequence flags & a bool mask), no Python numbers; each dense in row-major order
 // (its size-1 dims' strides aside), or one element, or a block of the result's trailing dims
-// that the other repeats; 1 to GRAIN_SIZE elements; the result of TensorIterator's strides
+// that the other repeats, or one element per run of them ([rows, 1]); 1 to GRAIN_SIZE
+// elements; the result of TensorIterator's strides
 // (the shared elementwise plan, plan.h). Anything else is left to ATen's kernel.
 #pragma once
 

@@ -1,8 +1,9 @@
 // The plan the small elementwise kernels share (arith, bitwise, where): how one call of an
 // elementwise op over 1 to 3 operands runs without ATen's TensorIterator.
 //
-// Each operand is read as dense row-major memory (device/csrc/dense_layout.h's period()): as
-// big as the result, one element, or a block of the result's trailing dims that repeats. The
+// Each operand is read as dense row-major memory (device/csrc/dense_layout.h): as big as the
+// result, one element, a block of the result's trailing dims that repeats, or one element per
+// run of the result's trailing dims (a [rows, 1] statistic against [rows, cols]). The
 // result has the sizes of the operands broadcast together, 1 to GRAIN_SIZE elements (ATen
 // splits larger ones over threads, in chunks whose order a plain loop would not follow), and
 // the strides ATen's TensorIterator gives a new result (elementwise_result_strides). Each
@@ -28,6 +29,11 @@ struct ElementwisePlan {
   // How often each operand (in the order given) repeats over the result's numel elements:
   // numel (as big as the result), 1 (one element), or a trailing block of that many.
   std::array<int64_t, 3> periods{0, 0, 0};
+  // How many consecutive result elements read each element of an operand: 1, or for an
+  // operand whose trailing dims are 1 where the result's are not ([rows, 1] against
+  // [rows, cols]: a row's statistic, as in an RMSNorm's x * rsqrt(variance)) the product of
+  // those dims. Result element i reads element (i / repeats) % period of the operand.
+  std::array<int64_t, 3> repeats{1, 1, 1};
 };
 
 // The plan for `operands` (1 to 3, none null) whose result has `dtype`, or nullopt where an
@@ -45,21 +51,24 @@ struct ElementwiseRun {
   std::array<int64_t, 3> step{0, 0, 0};
 };
 
-// Calls run(ElementwiseRun) for the runs that cover the plan's result, in order. The periods
-// are products of the result's trailing sizes, so each divides every larger one: runs as long
-// as the shortest period over 1 tile the result, one modulo an operand a run instead of one an
-// element (a division costs more than the element's whole work).
+// Calls run(ElementwiseRun) for the runs that cover the plan's result, in order. An operand
+// advances over runs within its period (when it does not repeat) and stays on one element
+// within its repeats; both are products of the result's trailing sizes, so each divides every
+// larger one, and runs as long as the shortest of them tile the result: one division an
+// operand a run instead of one an element (a division costs more than the element's work).
 template <class Run>
 void for_each_run(const ElementwisePlan& plan, size_t operands, Run&& run) {
   int64_t length = plan.numel;
   ElementwiseRun r{0, 0};
   for (size_t k = 0; k < operands; ++k) {
-    if (plan.periods[k] > 1) length = std::min(length, plan.periods[k]);
-    r.step[k] = plan.periods[k] == 1 ? 0 : 1;
+    const bool advances = plan.repeats[k] == 1 && plan.periods[k] > 1;
+    if (advances) length = std::min(length, plan.periods[k]);
+    if (plan.repeats[k] > 1) length = std::min(length, plan.repeats[k]);
+    r.step[k] = advances ? 1 : 0;
   }
   r.length = length;
   for (r.start = 0; r.start < plan.numel; r.start += length) {
-    for (size_t k = 0; k < operands; ++k) r.offset[k] = r.start % plan.periods[k];
+    for (size_t k = 0; k < operands; ++k) r.offset[k] = (r.start / plan.repeats[k]) % plan.periods[k];
     run(static_cast<const ElementwiseRun&>(r));
   }
 }

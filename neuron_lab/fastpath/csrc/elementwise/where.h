@@ -6,7 +6,8 @@
 // kernel takes what keeps the result's dtype and layout ATen's: a bool condition; self and
 // other of one dtype (no promotion; no Python numbers, whose dtype ATen promotes by its own
 // rule; no complex); each operand dense in row-major order (its size-1 dims' strides aside),
-// or one element, or a block of the result's trailing dims that the others repeat; 1 to
+// or one element, or a block of the result's trailing dims that the others repeat, or one
+// element per run of its trailing dims (a [rows, 1] mask against [rows, cols]); 1 to
 // GRAIN_SIZE elements. The result has TensorIterator's strides (the shared elementwise plan, plan.h).
 // Anything else is left to ATen's kernel, with its semantics, warnings and errors.
 #pragma once
